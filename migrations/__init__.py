@@ -1,0 +1,1 @@
+"""The Alembic environment of `quota` (installed as ``quota._migrations``)."""

@@ -1,0 +1,41 @@
+"""quota: exact rate limits kept in the SQL database your app already has.
+
+    import quota
+    limiter = quota.connect("sqlite:///quota.sqlite3")   # or postgresql://…
+    decision = limiter.rate_limit("ip:203.0.113.7", limit=10, window=60)
+    if not decision.allowed:
+        ...  # 429, with decision.headers()
+
+See README.md for the async face, migrations and the CLI.
+"""
+
+from __future__ import annotations
+
+from quota._core import Decision
+from quota._default import rate_limit, rate_limit_async
+from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
+from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
+from quota._migrate import current_revision, downgrade, migrate
+from quota._ops import CleanupResult, Usage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncLimiter",
+    "CleanupResult",
+    "ConfigurationError",
+    "Decision",
+    "Limiter",
+    "Options",
+    "QuotaError",
+    "SchemaError",
+    "StorageError",
+    "Usage",
+    "connect",
+    "connect_async",
+    "current_revision",
+    "downgrade",
+    "migrate",
+    "rate_limit",
+    "rate_limit_async",
+]

@@ -1,0 +1,181 @@
+"""The decision core: pure functions, no I/O.
+
+Everything a limiter decides that is not a database round trip lives here:
+argument validation, window arithmetic, the stored key, the allow/deny rule
+and the HTTP header values. Stores only run SQL and hand numbers back; the
+sync and async limiters are thin drivers around these functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from quota._errors import ConfigurationError
+
+#: The longest window accepted, in seconds (366 days). Longer periods are
+#: durable quotas, not rate windows.
+MAX_WINDOW = 366 * 24 * 3600
+#: The largest limit accepted; counters are 64-bit integers in every store.
+MAX_LIMIT = 2**62
+#: Caller keys longer than this (in UTF-8 bytes) are stored as a digest.
+MAX_RAW_KEY_BYTES = 200
+
+
+def check_int(name: str, value: object, *, maximum: int) -> int:
+    """Return `value` if it is an int in ``1..maximum``; raise `ConfigurationError` naming `name`."""
+    # bool is an int subclass; True as a limit is always a mistake.
+    if type(value) is not int:
+        raise ConfigurationError(
+            f"{name} must be a positive integer, got {value!r} ({type(value).__name__})"
+        )
+    if not 1 <= value <= maximum:
+        raise ConfigurationError(f"{name} must be between 1 and {maximum}, got {value!r}")
+    return value
+
+
+def stored_key(key: object) -> str:
+    """The form of a caller's key kept in the database.
+
+    Short, plain keys are kept readable (``k:`` + key). Keys that are long,
+    hold a NUL byte (PostgreSQL text cannot) or are not valid UTF-8 (lone
+    surrogates) are kept as ``h:`` + SHA-256 hex, so nothing a caller passes
+    can break the table or its index. The two prefixes keep the mapping
+    one-to-one.
+
+    Raises `ConfigurationError` for a non-string or empty key.
+    """
+    if type(key) is not str:
+        if isinstance(key, str):
+            key = str(key)
+        else:
+            raise ConfigurationError(f"key must be a str, got {key!r} ({type(key).__name__})")
+    if not key:
+        raise ConfigurationError("key must be a non-empty string, got ''")
+    if len(key) <= MAX_RAW_KEY_BYTES // 4 and "\x00" not in key and key.isascii():
+        return "k:" + key  # the common case, decided without encoding
+    raw = key.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_RAW_KEY_BYTES and "\x00" not in key:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            pass
+        else:
+            return "k:" + key
+    return "h:" + hashlib.sha256(raw).hexdigest()
+
+
+def display_key(stored: str) -> str:
+    """The caller's key as stored, for listings (digests stay digests)."""
+    return stored[2:] if stored.startswith("k:") else stored
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One validated rate-limit request, ready for a store."""
+
+    key: str
+    stored_key: str
+    limit: int
+    window: int
+    window_start: int
+    now: float
+    cost: int
+
+    @property
+    def bucket_key(self) -> str:
+        """Primary key of the counter row: window length, window start, stored key."""
+        return f"{self.window}:{self.window_start}:{self.stored_key}"
+
+    @property
+    def reset_at(self) -> int:
+        return self.window_start + self.window
+
+
+def prepare(key: object, limit: object, window: object, now: float, cost: int = 1) -> Hit:
+    """Validate a call's arguments and place it in its epoch-aligned window.
+
+    Raises `ConfigurationError` naming the bad argument and its value.
+    """
+    skey = stored_key(key)
+    limit = check_int("limit", limit, maximum=MAX_LIMIT)
+    window = check_int("window", window, maximum=MAX_WINDOW)
+    second = int(now)
+    return Hit(str(key), skey, limit, window, second - second % window, now, cost)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one rate-limit check."""
+
+    allowed: bool
+    """True when the request may proceed."""
+    key: str
+    """The caller's key, as passed in."""
+    limit: int
+    """Requests allowed per window."""
+    remaining: int
+    """Requests left in this window after this one; never negative."""
+    count: int
+    """Hits counted in this window so far, this one included when it was counted."""
+    window: int
+    """Window length in seconds."""
+    reset_at: int
+    """Epoch second at which the current window ends and the count starts again."""
+    retry_after: int
+    """Whole seconds to wait before retrying: at least 1 when denied, 0 when allowed."""
+
+    def headers(self) -> dict[str, str]:
+        """The response headers an HTTP app sends with this decision.
+
+        ``X-RateLimit-Limit``, ``X-RateLimit-Remaining``, ``X-RateLimit-Reset``
+        (epoch seconds), and ``Retry-After`` on a denial.
+        """
+        headers = {
+            "X-RateLimit-Limit": str(self.limit),
+            "X-RateLimit-Remaining": str(self.remaining),
+            "X-RateLimit-Reset": str(self.reset_at),
+        }
+        if not self.allowed:
+            headers["Retry-After"] = str(self.retry_after)
+        return headers
+
+
+def retry_after(reset_at: int, now: float) -> int:
+    """Whole seconds from `now` until `reset_at`, at least 1."""
+    return max(1, math.ceil(reset_at - now))
+
+
+def decide(hit: Hit, count: int | None) -> Decision:
+    """The decision for `hit` given the window's count after the increment.
+
+    `count` is None when the store declined to count a hit that would have
+    gone over the limit (``count_denied=False``); the window is then full.
+    """
+    reset_at = hit.window_start + hit.window
+    if count is None:
+        return Decision(
+            False, hit.key, hit.limit, 0, hit.limit, hit.window, reset_at,
+            retry_after(reset_at, hit.now),
+        )  # fmt: skip
+    if count <= hit.limit:
+        return Decision(
+            True, hit.key, hit.limit, hit.limit - count, count, hit.window, reset_at, 0
+        )
+    return Decision(
+        False, hit.key, hit.limit, 0, count, hit.window, reset_at, retry_after(reset_at, hit.now)
+    )
+
+
+def peek_decision(hit: Hit, count: int) -> Decision:
+    """The state of a window without a hit: `allowed` says whether one more would pass."""
+    reset_at = hit.window_start + hit.window
+    if count + hit.cost <= hit.limit:
+        return Decision(
+            True, hit.key, hit.limit, hit.limit - count, count, hit.window, reset_at, 0
+        )
+    return Decision(
+        False, hit.key, hit.limit, max(0, hit.limit - count), count, hit.window, reset_at,
+        retry_after(reset_at, hit.now),
+    )  # fmt: skip

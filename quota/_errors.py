@@ -1,0 +1,29 @@
+"""The exceptions `quota` raises, all under one root::
+
+    QuotaError
+    ├── ConfigurationError   bad argument, URL or setting (also a ValueError)
+    ├── StorageError         the database failed or could not be reached
+    └── SchemaError          the tables are missing or older than this code needs;
+                             the message names the command that fixes it
+
+Driver exceptions are never raised bare: a store wraps them in `StorageError`
+(or `SchemaError`) with ``raise ... from exc`` so the original stays attached.
+"""
+
+from __future__ import annotations
+
+
+class QuotaError(Exception):
+    """Root of every error raised by `quota`."""
+
+
+class ConfigurationError(QuotaError, ValueError):
+    """An argument, URL or setting is invalid; the message names it and its value."""
+
+
+class StorageError(QuotaError):
+    """The store failed: connection refused, timeout, or a database error."""
+
+
+class SchemaError(StorageError):
+    """The quota tables are missing or behind; run ``quota migrate``."""

@@ -1,0 +1,248 @@
+"""The limiters: thin sync and async drivers around the decision core.
+
+`Limiter` and `AsyncLimiter` hold no logic of their own: they read the clock,
+ask `quota._core` to validate and place the call, hand the statement to their
+store, and let the core decide from the rows that come back. Operations other
+than the hot path are generators in `quota._ops`, driven by the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+from quota import _ops
+from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, prepare, stored_key
+from quota._errors import ConfigurationError
+from quota._ops import CleanupResult, Usage
+from quota._store import AsyncStore, SyncStore
+from quota._url import StoreURL, parse_url
+
+Clock = Callable[[], float]
+
+#: Default grace before an ended window is swept, in seconds: covers app
+#: servers whose clocks lag the others a little.
+DEFAULT_GRACE = 60
+DEFAULT_BATCH_SIZE = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """Settings shared by both faces; validated when built."""
+
+    count_denied: bool = True
+    """Count denied hits too, so a client that keeps hammering stays blocked."""
+    clock: Clock = time.time
+    """Returns the current time in epoch seconds; inject one in tests."""
+    pool_size: int = 10
+    """Most connections an async PostgreSQL store opens."""
+    timeout: float = 10.0
+    """Seconds to wait for a connection (PostgreSQL) or a write lock (SQLite busy timeout)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count_denied, bool):
+            raise ConfigurationError(f"count_denied must be a bool, got {self.count_denied!r}")
+        if not callable(self.clock):
+            raise ConfigurationError(f"clock must be a callable returning epoch seconds, got {self.clock!r}")
+        check_int("pool_size", self.pool_size, maximum=1000)
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not (
+            0 < self.timeout <= 3600
+        ):
+            raise ConfigurationError(f"timeout must be seconds in (0, 3600], got {self.timeout!r}")
+
+
+def _check_cost(cost: object, limit: object) -> int:
+    return check_int("cost", cost, maximum=limit if type(limit) is int and limit > 0 else MAX_LIMIT)
+
+
+class Limiter:
+    """Rate limits kept in a database, for synchronous code. Thread-safe.
+
+    Get one from `quota.connect`. Use it as a context manager, or call
+    `close` when done.
+    """
+
+    def __init__(self, store: SyncStore, options: Options) -> None:
+        self.store = store
+        self.options = options
+        self._clock = options.clock
+        self._count_denied = options.count_denied
+
+    def rate_limit(self, key: str, limit: int, window: int, *, cost: int = 1) -> Decision:
+        """Count one hit on `key` and decide: at most `limit` hits per `window` seconds.
+
+        Windows are aligned to the epoch. One atomic statement per call.
+        Raises `ConfigurationError` for bad arguments, `StorageError` when the
+        database fails, `SchemaError` when the tables are missing.
+        """
+        hit = prepare(key, limit, window, self._clock(), cost if cost == 1 else _check_cost(cost, limit))
+        sql, params = _ops.hit_statement(hit, self._count_denied)
+        return _ops.hit_decision(hit, self.store.execute(sql, params))
+
+    def peek(self, key: str, limit: int, window: int) -> Decision:
+        """The current window's state for `key`, without counting a hit.
+
+        ``allowed`` says whether one more hit would pass right now.
+        """
+        return self.store.run(_ops.peek(prepare(key, limit, window, self._clock())), transaction=False)
+
+    def reset(self, key: str, window: int | None = None) -> int:
+        """Forget `key`'s counts (only for windows of `window` seconds if given); return rows deleted."""
+        if window is not None:
+            check_int("window", window, maximum=MAX_WINDOW)
+        return self.store.run(_ops.reset(stored_key(key), window), transaction=False)
+
+    def top(self, n: int = 10) -> list[Usage]:
+        """The `n` busiest keys in windows still running, busiest first."""
+        return self.store.run(_ops.top(self._clock(), n), transaction=False)
+
+    def cleanup(
+        self, *, grace: int = DEFAULT_GRACE, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
+    ) -> CleanupResult:
+        """Delete windows that ended more than `grace` seconds ago; see `quota._ops.cleanup`."""
+        op = _ops.cleanup(
+            self.store.dialect, self._clock(), grace=grace, batch_size=batch_size, dry_run=dry_run
+        )
+        return self.store.run(op, transaction=False)
+
+    def close(self) -> None:
+        """Close the store's connections. The limiter reopens them if used again."""
+        self.store.close()
+
+    def __enter__(self) -> Limiter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncLimiter:
+    """Rate limits kept in a database, for asyncio code. Safe to share between tasks.
+
+    Get one from `quota.connect_async`. Use it as an async context manager,
+    or await `aclose` when done. It belongs to the event loop that first uses it.
+    """
+
+    def __init__(self, store: AsyncStore, options: Options) -> None:
+        self.store = store
+        self.options = options
+        self._clock = options.clock
+        self._count_denied = options.count_denied
+
+    async def rate_limit(self, key: str, limit: int, window: int, *, cost: int = 1) -> Decision:
+        """Count one hit on `key` and decide; see `Limiter.rate_limit`."""
+        hit = prepare(key, limit, window, self._clock(), cost if cost == 1 else _check_cost(cost, limit))
+        sql, params = _ops.hit_statement(hit, self._count_denied)
+        return _ops.hit_decision(hit, await self.store.execute(sql, params))
+
+    async def peek(self, key: str, limit: int, window: int) -> Decision:
+        """See `Limiter.peek`."""
+        op = _ops.peek(prepare(key, limit, window, self._clock()))
+        return await self.store.run(op, transaction=False)
+
+    async def reset(self, key: str, window: int | None = None) -> int:
+        """See `Limiter.reset`."""
+        if window is not None:
+            check_int("window", window, maximum=MAX_WINDOW)
+        return await self.store.run(_ops.reset(stored_key(key), window), transaction=False)
+
+    async def top(self, n: int = 10) -> list[Usage]:
+        """See `Limiter.top`."""
+        return await self.store.run(_ops.top(self._clock(), n), transaction=False)
+
+    async def cleanup(
+        self, *, grace: int = DEFAULT_GRACE, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
+    ) -> CleanupResult:
+        """See `Limiter.cleanup`."""
+        op = _ops.cleanup(
+            self.store.dialect, self._clock(), grace=grace, batch_size=batch_size, dry_run=dry_run
+        )
+        return await self.store.run(op, transaction=False)
+
+    async def aclose(self) -> None:
+        """Close the store's connections."""
+        await self.store.aclose()
+
+    async def __aenter__(self) -> AsyncLimiter:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def _options(**kwargs: object) -> Options:
+    try:
+        return Options(**kwargs)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigurationError(str(exc)) from exc
+
+
+def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
+    """The sync store for `parsed`."""
+    parsed.driver_for(asynchronous=False)
+    if parsed.dialect == "sqlite":
+        from quota._sqlite import SQLiteStore
+
+        return SQLiteStore(parsed.target, parsed.url, busy_timeout=options.timeout)
+    from quota._postgres import PostgresStore
+
+    return PostgresStore(parsed.target, parsed.url, connect_timeout=options.timeout)
+
+
+def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
+    """The async store for `parsed`."""
+    parsed.driver_for(asynchronous=True)
+    if parsed.dialect == "sqlite":
+        from quota._sqlite import AsyncSQLiteStore
+
+        return AsyncSQLiteStore(parsed.target, parsed.url, busy_timeout=options.timeout)
+    from quota._postgres import AsyncPostgresStore
+
+    return AsyncPostgresStore(
+        parsed.target, parsed.url, pool_size=options.pool_size, connect_timeout=options.timeout
+    )
+
+
+def connect(
+    url: str,
+    *,
+    count_denied: bool = True,
+    clock: Clock = time.time,
+    pool_size: int = 10,
+    timeout: float = 10.0,
+) -> Limiter:
+    """A synchronous `Limiter` for the database at `url`.
+
+    ``sqlite:///path.db`` (sqlite3) or ``postgresql://…`` (psycopg 3, from the
+    ``postgres`` extra). Connections open on first use. Raises
+    `ConfigurationError` for an unknown scheme (listing the known ones) or an
+    async driver (``+aiosqlite``, ``+asyncpg``: use `connect_async`).
+    """
+    options = _options(count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout)
+    return Limiter(open_sync_store(parse_url(url), options), options)
+
+
+def connect_async(
+    url: str,
+    *,
+    count_denied: bool = True,
+    clock: Clock = time.time,
+    pool_size: int = 10,
+    timeout: float = 10.0,
+) -> AsyncLimiter:
+    """An `AsyncLimiter` for the database at `url`.
+
+    ``sqlite:///path.db`` or ``sqlite+aiosqlite:///…`` (aiosqlite),
+    ``postgresql://…`` or ``postgresql+asyncpg://…`` (asyncpg pool of at most
+    `pool_size` connections). Connections open on first use.
+    """
+    options = _options(count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout)
+    return AsyncLimiter(open_async_store(parse_url(url), options), options)
+
+

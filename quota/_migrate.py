@@ -1,0 +1,182 @@
+"""Schema migrations: one public function upgrades a database, everything reaches it.
+
+`migrate` takes a store URL or a SQLAlchemy connection the host app already
+holds (for its own deploy step or its own Alembic ``env.py``). ``quota
+migrate`` and ``alembic upgrade head`` (from a checkout) both end in the same
+Alembic environment, `run_env`, which keeps its own version table
+(``quota_alembic_version``) so a host app's Alembic history never collides
+with ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import sys
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.environment import EnvironmentContext
+
+from quota._errors import ConfigurationError, StorageError
+from quota._schema import metadata
+from quota._sql import VERSION_TABLE
+from quota._url import default_url, parse_url
+
+#: Options a migration reads, from ``migrate(**options)`` or ``alembic -x name=value``.
+OPTION_COUNTERS_LOGGED = "counters_logged"
+
+
+def _script_location() -> str:
+    return str(resources.files("quota._migrations"))
+
+
+def _config(output: TextIO | None = None) -> Config:
+    cfg = Config(stdout=output or sys.stdout, output_buffer=output or sys.stdout)
+    cfg.set_main_option("script_location", _script_location())
+    return cfg
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def option(context: Any, name: str) -> bool:
+    """A boolean migration option: ``config.attributes[name]`` or ``-x name=…``."""
+    value = context.config.attributes.get(name)
+    if value is None:
+        value = context.get_x_argument(as_dictionary=True).get(name)
+    return _truthy(value) if value is not None else False
+
+
+def _include_name(name: str | None, type_: str, _parent: object) -> bool:
+    # Autogenerate looks at our tables only, never at the host app's.
+    return type_ != "table" or (name or "").startswith("quota_")
+
+
+def run_env(context: EnvironmentContext) -> None:
+    """The body of ``migrations/env.py``: run migrations on a handed-in connection, a URL, or offline."""
+    cfg = context.config
+    opts: dict[str, Any] = {
+        "version_table": VERSION_TABLE,
+        "target_metadata": metadata,
+        "include_name": _include_name,
+        "render_as_batch": True,  # SQLite alters tables by copying them
+    }
+    connection = cfg.attributes.get("connection")
+    if connection is not None:
+        context.configure(connection=connection, **opts)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    url = cfg.get_main_option("sqlalchemy.url") or parse_url(default_url()).sqlalchemy_url()
+    if context.is_offline_mode():
+        context.configure(url=url, literal_binds=True, **opts)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+
+    def run(conn: sa.Connection) -> None:
+        context.configure(connection=conn, **opts)
+        with context.begin_transaction():
+            context.run_migrations()
+
+    if sa.make_url(url).get_dialect().is_async:
+        asyncio.run(_run_async(url, run))
+    else:
+        engine = sa.create_engine(url, poolclass=sa.NullPool)
+        try:
+            with engine.connect() as conn:
+                run(conn)
+        finally:
+            engine.dispose()
+
+
+async def _run_async(url: str, run: Any) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url, poolclass=sa.NullPool)
+    try:
+        async with engine.connect() as conn:
+            await conn.run_sync(run)
+    finally:
+        await engine.dispose()
+
+
+@contextlib.contextmanager
+def _alembic_errors(url: str | None) -> Iterator[None]:
+    try:
+        yield
+    except (sa.exc.OperationalError, sa.exc.InterfaceError, OSError) as exc:
+        raise StorageError(f"migration failed on {url or 'the given connection'}: {exc}") from exc
+
+
+def _prepare(target: str | sa.Connection | None, sql: bool, output: TextIO | None, **options: bool) -> tuple[Config, str | None]:
+    cfg = _config(output)
+    for name, value in options.items():
+        cfg.attributes[name] = value
+    if isinstance(target, sa.Connection):
+        if sql:
+            raise ConfigurationError("sql=True renders SQL from a URL; pass a URL, not a connection")
+        cfg.attributes["connection"] = target
+        return cfg, None
+    url = target if target is not None else default_url()
+    parsed = parse_url(url)
+    if parsed.dialect == "sqlite" and not sql:
+        Path(parsed.target).parent.mkdir(parents=True, exist_ok=True)
+    cfg.set_main_option("sqlalchemy.url", parsed.sqlalchemy_url().replace("%", "%%"))
+    return cfg, url
+
+
+def migrate(
+    target: str | sa.Connection | None = None,
+    *,
+    revision: str = "head",
+    sql: bool = False,
+    counters_logged: bool = False,
+    output: TextIO | None = None,
+) -> None:
+    """Upgrade the quota tables to `revision` (default: the newest).
+
+    `target` is a store URL (default: ``$QUOTA_DATABASE_URL``, else the
+    embedded SQLite file) or an open SQLAlchemy `Connection`, which is used
+    as is and left open (commit it if your app runs it in a transaction).
+    With ``sql=True`` nothing is run: the SQL a DBA would apply is written to
+    `output` (default stdout). `counters_logged` keeps the PostgreSQL counters
+    table a normal (WAL-logged) table instead of UNLOGGED; it only matters
+    when the table is created.
+
+    Raises `StorageError` when the database cannot be reached.
+    """
+    cfg, url = _prepare(target, sql, output, **{OPTION_COUNTERS_LOGGED: counters_logged})
+    with _alembic_errors(url):
+        command.upgrade(cfg, revision, sql=sql)
+
+
+def downgrade(
+    target: str | sa.Connection | None = None,
+    *,
+    revision: str,
+    sql: bool = False,
+    output: TextIO | None = None,
+) -> None:
+    """Downgrade the quota tables to `revision` (``base`` removes them all)."""
+    cfg, url = _prepare(target, sql, output)
+    with _alembic_errors(url):
+        command.downgrade(cfg, revision if not sql else f"head:{revision}", sql=sql)
+
+
+def current_revision(target: str | sa.Connection | None = None) -> str | None:
+    """The revision the database is at, or None when the quota tables were never created."""
+    buffer = io.StringIO()
+    cfg, url = _prepare(target, False, buffer)
+    with _alembic_errors(url):
+        command.current(cfg)
+    words = buffer.getvalue().split()
+    return words[0] if words else None

@@ -1,0 +1,224 @@
+"""PostgreSQL stores: `asyncpg` for the async face, `psycopg` 3 for the sync one.
+
+Statements are prepared once per connection (asyncpg's statement cache;
+psycopg with ``prepare_threshold=0``) and run in autocommit, so a decision is
+one round trip. psycopg is an optional extra: ``pip install 'quota[postgres]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import asyncpg
+
+from quota import _sql
+from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
+from quota._schema import check_version
+from quota._store import Rows, Statement, adrive, drive
+
+if TYPE_CHECKING:
+    import psycopg
+
+T = TypeVar("T")
+
+
+def _is_undefined_table(exc: BaseException) -> bool:
+    # asyncpg.UndefinedTableError and psycopg.errors.UndefinedTable both carry SQLSTATE 42P01.
+    return getattr(exc, "sqlstate", None) == "42P01"
+
+
+def wrap_error(exc: BaseException, url: str) -> QuotaError:
+    """The `quota` error for a driver error: a missing table becomes `SchemaError`."""
+    if isinstance(exc, QuotaError):
+        return exc
+    if _is_undefined_table(exc):
+        return SchemaError(f"{exc}; the quota tables are missing, run `quota migrate --url '{url}'`")
+    return StorageError(f"PostgreSQL error on {_redact(url)}: {type(exc).__name__}: {exc}")
+
+
+def _redact(url: str) -> str:
+    """`url` without its password, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
+
+
+async def _no_reset(_connection: asyncpg.Connection) -> None:
+    """Skip asyncpg's reset query on release: our statements leave no session state."""
+
+
+class AsyncPostgresStore:
+    """Async PostgreSQL store on an `asyncpg` pool."""
+
+    dialect = "postgresql"
+
+    def __init__(
+        self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0
+    ) -> None:
+        self.url = url
+        self._dsn = dsn
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._starting: asyncio.Lock | None = None
+
+    async def _start(self) -> asyncpg.Pool:
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._pool is not None:
+                return self._pool
+            try:
+                pool = await asyncpg.create_pool(
+                    self._dsn, min_size=1, max_size=self._pool_size, reset=_no_reset,
+                    timeout=self._connect_timeout,
+                )  # fmt: skip
+            except Exception as exc:
+                raise wrap_error(exc, self.url) from exc
+            try:
+                try:
+                    rows: Rows | None = await pool.fetch(_sql.SCHEMA_VERSION)
+                except asyncpg.UndefinedTableError:
+                    rows = None
+                check_version(rows, self.url)
+            except BaseException as exc:
+                await pool.close()
+                if isinstance(exc, Exception):
+                    raise wrap_error(exc, self.url) from exc
+                raise
+            self._pool = pool
+            return pool
+
+    async def execute(self, sql: str, params: Sequence[Any]) -> Rows:
+        pool = self._pool or await self._start()
+        try:
+            return await pool.fetch(_sql.render(sql, "numeric_dollar"), *params)  # type: ignore[no-any-return]
+        except Exception as exc:
+            raise wrap_error(exc, self.url) from exc
+
+    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        pool = self._pool or await self._start()
+        try:
+            async with pool.acquire() as con:
+
+                async def execute(sql: str, params: Sequence[Any]) -> Rows:
+                    try:
+                        return await con.fetch(_sql.render(sql, "numeric_dollar"), *params)  # type: ignore[no-any-return]
+                    except Exception as exc:
+                        raise wrap_error(exc, self.url) from exc
+
+                if not transaction:
+                    return await adrive(op, execute)
+                async with con.transaction():
+                    return await adrive(op, execute)
+        except Exception as exc:
+            raise wrap_error(exc, self.url) from exc
+
+    async def aclose(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+
+class PostgresStore:
+    """Sync PostgreSQL store: one `psycopg` connection per thread."""
+
+    dialect = "postgresql"
+
+    def __init__(self, dsn: str, url: str, *, connect_timeout: float = 10.0) -> None:
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"url {url!r} needs psycopg 3 for the sync face: pip install 'quota[postgres]'"
+                " (or use quota.connect_async() with asyncpg)"
+            ) from exc
+        self._psycopg = psycopg
+        self.url = url
+        self._dsn = dsn
+        self._connect_timeout = connect_timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[psycopg.Connection[Any]] = []
+        self._schema_checked = False
+
+    def _open(self) -> psycopg.Connection[Any]:
+        try:
+            conn = self._psycopg.connect(
+                self._dsn, autocommit=True, prepare_threshold=0,
+                connect_timeout=max(1, int(self._connect_timeout)),
+            )  # fmt: skip
+        except Exception as exc:
+            raise wrap_error(exc, self.url) from exc
+        if not self._schema_checked:
+            try:
+                rows: Rows | None = conn.execute(_sql.SCHEMA_VERSION).fetchall()
+            except Exception as exc:
+                if not _is_undefined_table(exc):
+                    conn.close()
+                    raise wrap_error(exc, self.url) from exc
+                rows = None
+            try:
+                check_version(rows, self.url)
+            except SchemaError:
+                conn.close()
+                raise
+            self._schema_checked = True
+        with self._lock:
+            self._connections.append(conn)
+        self._local.conn = conn
+        return conn
+
+    def _conn(self) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = self._open()
+        return conn
+
+    def _fail(self, conn: psycopg.Connection[Any], exc: Exception) -> QuotaError:
+        if conn.broken or conn.closed:
+            # Drop it: the next call on this thread reconnects.
+            self._local.conn = None
+            with self._lock:
+                if conn in self._connections:
+                    self._connections.remove(conn)
+            conn.close()
+        return wrap_error(exc, self.url)
+
+    def execute(self, sql: str, params: Sequence[Any]) -> Rows:
+        conn = self._conn()
+        try:
+            return conn.execute(_sql.render(sql, "format"), params).fetchall()
+        except Exception as exc:
+            raise self._fail(conn, exc) from exc
+
+    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        conn = self._conn()
+
+        def execute(sql: str, params: Sequence[Any]) -> Rows:
+            try:
+                return conn.execute(_sql.render(sql, "format"), params).fetchall()
+            except Exception as exc:
+                raise self._fail(conn, exc) from exc
+
+        if not transaction:
+            return drive(op, execute)
+        try:
+            with conn.transaction():
+                return drive(op, execute)
+        except QuotaError:
+            raise
+        except Exception as exc:
+            raise self._fail(conn, exc) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+        self._local = threading.local()

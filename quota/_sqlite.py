@@ -1,0 +1,224 @@
+"""SQLite stores: `sqlite3` for the sync face, `aiosqlite` for the async one.
+
+Every connection runs in autocommit mode with WAL, ``synchronous=NORMAL`` and
+a busy timeout, so several processes can share one file: writers queue on
+SQLite's lock instead of failing with "database is locked".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Generator, Sequence
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from quota import _sql
+from quota._errors import ConfigurationError, SchemaError, StorageError
+from quota._schema import check_version
+from quota._store import Rows, Statement, adrive, drive
+
+T = TypeVar("T")
+
+#: INSERT … RETURNING arrived in SQLite 3.35.0 (2021-03).
+MIN_SQLITE = (3, 35, 0)
+
+
+def _check_sqlite_version() -> None:
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        raise ConfigurationError(
+            f"SQLite {sqlite3.sqlite_version} is too old: quota needs 3.35 or newer"
+            " (for INSERT … RETURNING); upgrade the SQLite your Python links against"
+        )
+
+
+def pragmas(busy_timeout: float) -> tuple[str, ...]:
+    """The PRAGMAs every connection gets, busy timeout first so the others can wait."""
+    return (
+        f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}",
+        "PRAGMA journal_mode = WAL",
+        "PRAGMA synchronous = NORMAL",
+    )
+
+
+def wrap_error(exc: Exception, url: str) -> StorageError:
+    """The `quota` error for a sqlite3 error: missing tables become `SchemaError`."""
+    if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
+        return SchemaError(f"{exc}; the quota tables are missing, run `quota migrate --url '{url}'`")
+    return StorageError(f"SQLite error on {url}: {exc}")
+
+
+def _version_rows(execute: Any) -> Rows | None:
+    try:
+        rows: Rows = execute(_sql.SCHEMA_VERSION)
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    return rows
+
+
+class SQLiteStore:
+    """Sync SQLite store: one `sqlite3` connection per thread."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str, url: str, *, busy_timeout: float = 5.0) -> None:
+        _check_sqlite_version()
+        self.url = url
+        self._path = path
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        self._schema_checked = False
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self._path, timeout=self._busy_timeout, isolation_level=None,
+                check_same_thread=False,
+            )  # fmt: skip
+            for pragma in pragmas(self._busy_timeout):
+                conn.execute(pragma)
+            if not self._schema_checked:
+                check_version(_version_rows(lambda sql: conn.execute(sql).fetchall()), self.url)
+                self._schema_checked = True
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
+        with self._lock:
+            self._connections.append(conn)
+        self._local.conn = conn
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        try:
+            conn: sqlite3.Connection = self._local.conn
+        except AttributeError:
+            conn = self._open()
+        return conn
+
+    def execute(self, sql: str, params: Sequence[Any]) -> Rows:
+        conn = self._conn()
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
+
+    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        conn = self._conn()
+
+        def execute(sql: str, params: Sequence[Any]) -> Rows:
+            try:
+                return conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise wrap_error(exc, self.url) from exc
+
+        if not transaction:
+            return drive(op, execute)
+        # IMMEDIATE takes the write lock up front, so two writers never both
+        # read and then deadlock upgrading to write.
+        execute("BEGIN IMMEDIATE", ())
+        try:
+            result = drive(op, execute)
+        except BaseException:
+            conn.rollback()
+            raise
+        execute("COMMIT", ())
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+        self._local = threading.local()
+
+
+class AsyncSQLiteStore:
+    """Async SQLite store: one `aiosqlite` connection, used by one task at a time.
+
+    SQLite admits one writer at a time anyway; a single connection keeps
+    statements of one task's transaction from interleaving with another's.
+    """
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str, url: str, *, busy_timeout: float = 5.0) -> None:
+        _check_sqlite_version()
+        self.url = url
+        self._path = path
+        self._busy_timeout = busy_timeout
+        self._conn: aiosqlite.Connection | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _open(self) -> aiosqlite.Connection:
+        try:
+            conn = await aiosqlite.connect(
+                self._path, timeout=self._busy_timeout, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
+        try:
+            for pragma in pragmas(self._busy_timeout):
+                await conn.execute(pragma)
+            try:
+                rows: Rows | None = await conn.execute_fetchall(_sql.SCHEMA_VERSION)
+            except sqlite3.OperationalError as exc:
+                if "no such table" not in str(exc):
+                    raise
+                rows = None
+            check_version(rows, self.url)
+        except BaseException as exc:
+            await conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        self._conn = conn
+        return conn
+
+    async def execute(self, sql: str, params: Sequence[Any]) -> Rows:
+        conn = self._conn or await self._start()
+        assert self._lock is not None
+        async with self._lock:
+            try:
+                return await conn.execute_fetchall(sql, params)
+            except sqlite3.Error as exc:
+                raise wrap_error(exc, self.url) from exc
+
+    async def _start(self) -> aiosqlite.Connection:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._conn is None:
+                return await self._open()
+            return self._conn
+
+    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        conn = self._conn or await self._start()
+        assert self._lock is not None
+
+        async def execute(sql: str, params: Sequence[Any]) -> Rows:
+            try:
+                return await conn.execute_fetchall(sql, params)
+            except sqlite3.Error as exc:
+                raise wrap_error(exc, self.url) from exc
+
+        async with self._lock:
+            if not transaction:
+                return await adrive(op, execute)
+            await execute("BEGIN IMMEDIATE", ())
+            try:
+                result = await adrive(op, execute)
+            except BaseException:
+                await conn.rollback()
+                raise
+            await execute("COMMIT", ())
+            return result
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()

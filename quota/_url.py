@@ -1,0 +1,103 @@
+"""Store URLs: which database, which driver, which face.
+
+``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db`` as in
+SQLAlchemy; ``postgresql://user@host:port/db`` (``postgres://`` too). A
+``+driver`` suffix picks the driver: ``+aiosqlite`` and ``+asyncpg`` are the
+async drivers, ``+pysqlite`` and ``+psycopg`` the sync ones. Without one,
+`quota.connect` uses the sync default and `quota.connect_async` the async one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from quota._errors import ConfigurationError
+
+#: Where the embedded default keeps its counters when nothing is configured.
+DEFAULT_URL = "sqlite:///quota.sqlite3"
+ENV_VAR = "QUOTA_DATABASE_URL"
+
+_SYNC_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
+_ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
+KNOWN_SCHEMES = (
+    "postgres",
+    "postgresql",
+    "postgresql+asyncpg",
+    "postgresql+psycopg",
+    "sqlite",
+    "sqlite+aiosqlite",
+    "sqlite+pysqlite",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreURL:
+    """A parsed store URL."""
+
+    url: str
+    """The URL as given."""
+    dialect: str
+    """``sqlite`` or ``postgresql``."""
+    driver: str | None
+    """The explicit driver, or None for the face's default."""
+    target: str
+    """The file path (SQLite) or the libpq DSN without a driver (PostgreSQL)."""
+
+    @property
+    def is_async_driver(self) -> bool:
+        return self.driver in _ASYNC_DRIVERS.values()
+
+    def driver_for(self, *, asynchronous: bool) -> str:
+        """The driver to use for the sync or async face; raise if the URL names the other one."""
+        wanted = (_ASYNC_DRIVERS if asynchronous else _SYNC_DRIVERS)[self.dialect]
+        if self.driver is None or self.driver == wanted:
+            return wanted
+        if asynchronous:
+            raise ConfigurationError(
+                f"url {self.url!r} names the sync driver {self.driver!r}; quota.connect_async()"
+                f" needs {self.dialect}+{wanted}:// or a URL without a driver"
+            )
+        raise ConfigurationError(
+            f"url {self.url!r} names the async driver {self.driver!r}; use"
+            f" quota.connect_async(url) for it, or {self.dialect}:// with quota.connect()"
+        )
+
+    def sqlalchemy_url(self) -> str:
+        """The URL SQLAlchemy and Alembic use for migrations."""
+        if self.dialect == "sqlite":
+            return f"sqlite:///{self.target}"
+        driver = self.driver or "asyncpg"
+        return f"postgresql+{driver}://{self.target.split('://', 1)[1]}"
+
+
+def default_url() -> str:
+    """``$QUOTA_DATABASE_URL``, else the embedded SQLite file in the working directory."""
+    return os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+def parse_url(url: object) -> StoreURL:
+    """Parse a store URL; raise `ConfigurationError` naming the URL when it is not one."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"url must look like 'scheme://…', got {url!r}; known schemes: {', '.join(KNOWN_SCHEMES)}"
+        )
+    scheme, rest = url.split("://", 1)
+    if scheme not in KNOWN_SCHEMES:
+        raise ConfigurationError(
+            f"unknown url scheme {scheme!r} in {url!r}; known schemes: {', '.join(KNOWN_SCHEMES)}"
+        )
+    dialect, _, driver = scheme.partition("+")
+    if dialect == "postgres":
+        dialect = "postgresql"
+    if dialect == "sqlite":
+        # sqlite:///rel.db -> "rel.db"; sqlite:////abs.db -> "/abs.db"
+        path = rest[1:] if rest.startswith("/") else rest
+        path = path.split("?", 1)[0]
+        if not path or path == ":memory:" or path.startswith("file::memory:"):
+            raise ConfigurationError(
+                f"url {url!r} is an in-memory SQLite database, which every connection sees"
+                " empty; give a file path, e.g. sqlite:///quota.sqlite3"
+            )
+        return StoreURL(url, "sqlite", driver or None, path)
+    return StoreURL(url, "postgresql", driver or None, f"postgresql://{rest}")
