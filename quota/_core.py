@@ -71,41 +71,38 @@ def display_key(stored: str) -> str:
     return stored[2:] if stored.startswith("k:") else stored
 
 
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """One validated rate-limit request, ready for a store."""
+def hit_params(
+    key: object, limit: object, window: object, now: float, cost: int = 1
+) -> tuple[str, str, int, int, int, float]:
+    """Validate a call and place it in its epoch-aligned window.
 
-    key: str
-    stored_key: str
-    limit: int
-    window: int
-    window_start: int
-    now: float
-    cost: int
+    Returns the parameters of the hit statement: ``(bucket_key, stored_key,
+    window_start, window, cost, now)``. The bucket key is built from window
+    length, window start and stored key, so every window of every key is
+    its own row. Raises `ConfigurationError` naming the bad argument and value.
 
-    @property
-    def bucket_key(self) -> str:
-        """Primary key of the counter row: window length, window start, stored key."""
-        return f"{self.window}:{self.window_start}:{self.stored_key}"
-
-    @property
-    def reset_at(self) -> int:
-        return self.window_start + self.window
-
-
-def prepare(key: object, limit: object, window: object, now: float, cost: int = 1) -> Hit:
-    """Validate a call's arguments and place it in its epoch-aligned window.
-
-    Raises `ConfigurationError` naming the bad argument and its value.
+    This runs on every decision, so the common case is checked inline.
     """
-    skey = stored_key(key)
-    limit = check_int("limit", limit, maximum=MAX_LIMIT)
-    window = check_int("window", window, maximum=MAX_WINDOW)
+    if (
+        type(key) is str
+        and 0 < len(key) <= MAX_RAW_KEY_BYTES // 4
+        and key.isascii()
+        and "\x00" not in key
+    ):
+        skey = "k:" + key
+    else:
+        skey = stored_key(key)
+    if type(limit) is not int or not 0 < limit <= MAX_LIMIT:
+        check_int("limit", limit, maximum=MAX_LIMIT)
+    if type(window) is not int or not 0 < window <= MAX_WINDOW:
+        check_int("window", window, maximum=MAX_WINDOW)
+    assert isinstance(window, int)
     second = int(now)
-    return Hit(str(key), skey, limit, window, second - second % window, now, cost)
+    start = second - second % window
+    return f"{window}:{start}:{skey}", skey, start, window, cost, now
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Decision:
     """The outcome of one rate-limit check."""
 
@@ -142,40 +139,77 @@ class Decision:
         return headers
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _decision(
+    allowed: bool, key: str, limit: int, remaining: int, count: int, window: int,
+    reset_at: int, retry_after: int,
+) -> Decision:  # fmt: skip
+    """`Decision(...)`, built three times faster than the frozen ``__init__``.
+
+    A decision is made per request; the generated frozen ``__init__`` sets
+    each field through ``object.__setattr__`` one by one, which costs more
+    than the rest of the decision core together. Setting ``__dict__`` once
+    gives an identical instance.
+    """
+    decision = _new(Decision)
+    _set(decision, "__dict__", {
+        "allowed": allowed, "key": key, "limit": limit, "remaining": remaining, "count": count,
+        "window": window, "reset_at": reset_at, "retry_after": retry_after,
+    })  # fmt: skip
+    return decision
+
+
 def retry_after(reset_at: int, now: float) -> int:
     """Whole seconds from `now` until `reset_at`, at least 1."""
     return max(1, math.ceil(reset_at - now))
 
 
-def decide(hit: Hit, count: int | None) -> Decision:
-    """The decision for `hit` given the window's count after the increment.
+def decide(
+    key: str, limit: int, window: int, window_start: int, now: float, count: int | None
+) -> Decision:
+    """The decision for a hit, given the window's count after the increment.
 
     `count` is None when the store declined to count a hit that would have
-    gone over the limit (``count_denied=False``); the window is then full.
+    gone over the limit (``count_denied=False``): the window is full, and its
+    count is reported as the limit.
     """
-    reset_at = hit.window_start + hit.window
+    reset_at = window_start + window
     if count is None:
-        return Decision(
-            False, hit.key, hit.limit, 0, hit.limit, hit.window, reset_at,
-            retry_after(reset_at, hit.now),
-        )  # fmt: skip
-    if count <= hit.limit:
-        return Decision(
-            True, hit.key, hit.limit, hit.limit - count, count, hit.window, reset_at, 0
-        )
-    return Decision(
-        False, hit.key, hit.limit, 0, count, hit.window, reset_at, retry_after(reset_at, hit.now)
+        return _decision(False, key, limit, 0, limit, window, reset_at, retry_after(reset_at, now))
+    if count <= limit:
+        return _decision(True, key, limit, limit - count, count, window, reset_at, 0)
+    return _decision(False, key, limit, 0, count, window, reset_at, retry_after(reset_at, now))
+
+
+def peek_decision(
+    key: str, limit: int, window: int, window_start: int, now: float, count: int
+) -> Decision:
+    """The state of a window without a hit: `allowed` says whether one more would pass."""
+    reset_at = window_start + window
+    remaining = max(0, limit - count)
+    if count < limit:
+        return _decision(True, key, limit, remaining, count, window, reset_at, 0)
+    return _decision(
+        False, key, limit, remaining, count, window, reset_at, retry_after(reset_at, now)
     )
 
 
-def peek_decision(hit: Hit, count: int) -> Decision:
-    """The state of a window without a hit: `allowed` says whether one more would pass."""
-    reset_at = hit.window_start + hit.window
-    if count + hit.cost <= hit.limit:
-        return Decision(
-            True, hit.key, hit.limit, hit.limit - count, count, hit.window, reset_at, 0
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(name: str, text: str) -> int:
+    """Whole seconds from ``"90"``, ``"45s"``, ``"30m"``, ``"12h"``, ``"400d"`` or ``"2w"``.
+
+    Raises `ConfigurationError` naming `name` and the text.
+    """
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in _UNITS else "s"
+    number = raw[:-1] if raw[-1:] in _UNITS else raw
+    if not number.isdigit():
+        raise ConfigurationError(
+            f"{name} must be a duration like 90, 45s, 30m, 12h, 400d or 2w; got {text!r}"
         )
-    return Decision(
-        False, hit.key, hit.limit, max(0, hit.limit - count), count, hit.window, reset_at,
-        retry_after(reset_at, hit.now),
-    )  # fmt: skip
+    return int(number) * _UNITS[unit]

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from quota import _ops
-from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, prepare, stored_key
+from quota import _ops, _sql
+from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, decide, hit_params, stored_key
 from quota._errors import ConfigurationError
 from quota._ops import CleanupResult, Usage
 from quota._store import AsyncStore, SyncStore
@@ -45,10 +45,14 @@ class Options:
         if not isinstance(self.count_denied, bool):
             raise ConfigurationError(f"count_denied must be a bool, got {self.count_denied!r}")
         if not callable(self.clock):
-            raise ConfigurationError(f"clock must be a callable returning epoch seconds, got {self.clock!r}")
+            raise ConfigurationError(
+                f"clock must be a callable returning epoch seconds, got {self.clock!r}"
+            )
         check_int("pool_size", self.pool_size, maximum=1000)
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not (
-            0 < self.timeout <= 3600
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, (int, float))
+            or not (0 < self.timeout <= 3600)
         ):
             raise ConfigurationError(f"timeout must be seconds in (0, 3600], got {self.timeout!r}")
 
@@ -77,16 +81,22 @@ class Limiter:
         Raises `ConfigurationError` for bad arguments, `StorageError` when the
         database fails, `SchemaError` when the tables are missing.
         """
-        hit = prepare(key, limit, window, self._clock(), cost if cost == 1 else _check_cost(cost, limit))
-        sql, params = _ops.hit_statement(hit, self._count_denied)
-        return _ops.hit_decision(hit, self.store.execute(sql, params))
+        now = self._clock()
+        params = hit_params(
+            key, limit, window, now, cost if cost == 1 else _check_cost(cost, limit)
+        )
+        if self._count_denied:
+            rows = self.store.execute(_sql.HIT, params)
+        else:
+            rows = self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        return decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
 
     def peek(self, key: str, limit: int, window: int) -> Decision:
         """The current window's state for `key`, without counting a hit.
 
         ``allowed`` says whether one more hit would pass right now.
         """
-        return self.store.run(_ops.peek(prepare(key, limit, window, self._clock())), transaction=False)
+        return self.store.run(_ops.peek(key, limit, window, self._clock()), transaction=False)
 
     def reset(self, key: str, window: int | None = None) -> int:
         """Forget `key`'s counts (only for windows of `window` seconds if given); return rows deleted."""
@@ -99,7 +109,11 @@ class Limiter:
         return self.store.run(_ops.top(self._clock(), n), transaction=False)
 
     def cleanup(
-        self, *, grace: int = DEFAULT_GRACE, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
+        self,
+        *,
+        grace: int = DEFAULT_GRACE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        dry_run: bool = False,
     ) -> CleanupResult:
         """Delete windows that ended more than `grace` seconds ago; see `quota._ops.cleanup`."""
         op = _ops.cleanup(
@@ -115,7 +129,10 @@ class Limiter:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -135,14 +152,19 @@ class AsyncLimiter:
 
     async def rate_limit(self, key: str, limit: int, window: int, *, cost: int = 1) -> Decision:
         """Count one hit on `key` and decide; see `Limiter.rate_limit`."""
-        hit = prepare(key, limit, window, self._clock(), cost if cost == 1 else _check_cost(cost, limit))
-        sql, params = _ops.hit_statement(hit, self._count_denied)
-        return _ops.hit_decision(hit, await self.store.execute(sql, params))
+        now = self._clock()
+        params = hit_params(
+            key, limit, window, now, cost if cost == 1 else _check_cost(cost, limit)
+        )
+        if self._count_denied:
+            rows = await self.store.execute(_sql.HIT, params)
+        else:
+            rows = await self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        return decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
 
     async def peek(self, key: str, limit: int, window: int) -> Decision:
         """See `Limiter.peek`."""
-        op = _ops.peek(prepare(key, limit, window, self._clock()))
-        return await self.store.run(op, transaction=False)
+        return await self.store.run(_ops.peek(key, limit, window, self._clock()), transaction=False)
 
     async def reset(self, key: str, window: int | None = None) -> int:
         """See `Limiter.reset`."""
@@ -155,7 +177,11 @@ class AsyncLimiter:
         return await self.store.run(_ops.top(self._clock(), n), transaction=False)
 
     async def cleanup(
-        self, *, grace: int = DEFAULT_GRACE, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
+        self,
+        *,
+        grace: int = DEFAULT_GRACE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        dry_run: bool = False,
     ) -> CleanupResult:
         """See `Limiter.cleanup`."""
         op = _ops.cleanup(
@@ -171,7 +197,10 @@ class AsyncLimiter:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.aclose()
 
@@ -244,5 +273,3 @@ def connect_async(
     """
     options = _options(count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout)
     return AsyncLimiter(open_async_store(parse_url(url), options), options)
-
-

@@ -117,13 +117,17 @@ def _alembic_errors(url: str | None) -> Iterator[None]:
         raise StorageError(f"migration failed on {url or 'the given connection'}: {exc}") from exc
 
 
-def _prepare(target: str | sa.Connection | None, sql: bool, output: TextIO | None, **options: bool) -> tuple[Config, str | None]:
+def _prepare(
+    target: str | sa.Connection | None, sql: bool, output: TextIO | None, **options: bool
+) -> tuple[Config, str | None]:
     cfg = _config(output)
     for name, value in options.items():
         cfg.attributes[name] = value
     if isinstance(target, sa.Connection):
         if sql:
-            raise ConfigurationError("sql=True renders SQL from a URL; pass a URL, not a connection")
+            raise ConfigurationError(
+                "sql=True renders SQL from a URL; pass a URL, not a connection"
+            )
         cfg.attributes["connection"] = target
         return cfg, None
     url = target if target is not None else default_url()

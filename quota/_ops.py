@@ -2,40 +2,26 @@
 
 Each operation is a generator that yields ``(sql, params)`` and receives the
 rows (see `quota._store`); the sync and async limiters only drive them. The
-hot path (`hit_statement` / `hit_decision`) is split in two plain functions
-instead, so a decision costs no generator machinery.
+hot path is two plain calls (`quota._core.hit_params`, then
+`quota._core.decide`) in `quota._limiter` instead, so a decision costs no generator machinery.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
 
 from quota import _sql
+from quota._core import Decision, check_int, display_key, hit_params, peek_decision
 from quota._errors import ConfigurationError
-from quota._core import Decision, Hit, check_int, decide, display_key, peek_decision
 from quota._store import Rows, Statement
 
 
-def hit_statement(hit: Hit, count_denied: bool) -> Statement:
-    """The one atomic statement that counts `hit` and returns the window's new count."""
-    params: Sequence[Any] = (
-        hit.bucket_key, hit.stored_key, hit.window_start, hit.window, hit.cost, hit.now
-    )  # fmt: skip
-    if count_denied:
-        return _sql.HIT, params
-    return _sql.HIT_CAPPED, (*params, hit.limit)
-
-
-def hit_decision(hit: Hit, rows: Rows) -> Decision:
-    """The decision from `hit_statement`'s rows (none: an uncounted denial)."""
-    return decide(hit, rows[0][0] if rows else None)
-
-
-def peek(hit: Hit) -> Generator[Statement, Rows, Decision]:
-    rows = yield _sql.PEEK, (hit.bucket_key,)
-    return peek_decision(hit, rows[0][0] if rows else 0)
+def peek(key: str, limit: int, window: int, now: float) -> Generator[Statement, Rows, Decision]:
+    """The window's state for `key` without counting a hit."""
+    bucket_key, _, start, _, _, _ = hit_params(key, limit, window, now)
+    rows = yield _sql.PEEK, (bucket_key,)
+    return peek_decision(key, limit, window, start, now, int(rows[0][0]) if rows else 0)
 
 
 def reset(stored_key: str, window: int | None) -> Generator[Statement, Rows, int]:

@@ -45,9 +45,7 @@ PEEK = "SELECT count FROM quota_counters WHERE bucket_key = ?"
 #: Params: client_key.
 RESET_ALL = "DELETE FROM quota_counters WHERE client_key = ? RETURNING 1"
 #: Params: client_key, window_seconds.
-RESET_WINDOW = (
-    "DELETE FROM quota_counters WHERE client_key = ? AND window_seconds = ? RETURNING 1"
-)
+RESET_WINDOW = "DELETE FROM quota_counters WHERE client_key = ? AND window_seconds = ? RETURNING 1"
 
 #: Windows that ended before a cutoff. The expression matches the index
 #: ``ix_quota_counters_window_end`` exactly, so the planner uses it.

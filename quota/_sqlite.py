@@ -46,7 +46,9 @@ def pragmas(busy_timeout: float) -> tuple[str, ...]:
 def wrap_error(exc: Exception, url: str) -> StorageError:
     """The `quota` error for a sqlite3 error: missing tables become `SchemaError`."""
     if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
-        return SchemaError(f"{exc}; the quota tables are missing, run `quota migrate --url '{url}'`")
+        return SchemaError(
+            f"{exc}; the quota tables are missing, run `quota migrate --url '{url}'`"
+        )
     return StorageError(f"SQLite error on {url}: {exc}")
 
 
@@ -165,7 +167,7 @@ class AsyncSQLiteStore:
             for pragma in pragmas(self._busy_timeout):
                 await conn.execute(pragma)
             try:
-                rows: Rows | None = await conn.execute_fetchall(_sql.SCHEMA_VERSION)
+                rows: Rows | None = list(await conn.execute_fetchall(_sql.SCHEMA_VERSION))
             except sqlite3.OperationalError as exc:
                 if "no such table" not in str(exc):
                     raise
@@ -184,7 +186,7 @@ class AsyncSQLiteStore:
         assert self._lock is not None
         async with self._lock:
             try:
-                return await conn.execute_fetchall(sql, params)
+                return list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as exc:
                 raise wrap_error(exc, self.url) from exc
 
@@ -202,7 +204,7 @@ class AsyncSQLiteStore:
 
         async def execute(sql: str, params: Sequence[Any]) -> Rows:
             try:
-                return await conn.execute_fetchall(sql, params)
+                return list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as exc:
                 raise wrap_error(exc, self.url) from exc
 

@@ -1,0 +1,325 @@
+"""The ``quota`` command: a thin click layer over the library's public functions.
+
+Exit codes (every command):
+
+    0  done; for ``hit`` and ``peek``: allowed
+    1  an unexpected crash (a bug: please report it)
+    2  usage error (bad option or argument)
+    3  the database, the URL or the schema is wrong (message on stderr)
+    4  ``hit`` / ``peek`` only: denied
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+import click
+
+import quota
+from quota._core import parse_duration
+from quota._url import DEFAULT_URL, ENV_VAR
+
+EXIT_ERROR = 3
+EXIT_DENIED = 4
+
+T = TypeVar("T")
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn library errors into a one-line message and exit code 3."""
+    try:
+        yield
+    except quota.ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    except quota.QuotaError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def _duration(name: str) -> Callable[[click.Context, click.Parameter, Any], int | None]:
+    def convert(_ctx: click.Context, _param: click.Parameter, value: Any) -> int | None:
+        if value is None:
+            return None
+        try:
+            return parse_duration(name, str(value))
+        except quota.ConfigurationError as exc:
+            raise click.BadParameter(str(exc)) from exc
+
+    return convert
+
+
+def _url(ctx: click.Context) -> str:
+    url: str = ctx.obj["url"]
+    return url
+
+
+def _limiter(ctx: click.Context) -> quota.Limiter:
+    with _errors():
+        return quota.connect(_url(ctx))
+
+
+def _emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url",
+    envvar=ENV_VAR,
+    default=DEFAULT_URL,
+    show_default=True,
+    help=f"Database URL (sqlite:///file.db or postgresql://…). Env: {ENV_VAR}.",
+)
+@click.version_option(quota.__version__, prog_name="quota")
+@click.pass_context
+def main(ctx: click.Context, url: str) -> None:
+    """Exact rate limits kept in your SQL database.
+
+    Exit codes: 0 ok/allowed, 1 crash, 2 usage error, 3 database/URL/schema
+    error, 4 denied (hit, peek).
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["url"] = url
+
+
+@main.command()
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.option("--sql", is_flag=True, help="Print the SQL instead of running it (for a DBA).")
+@click.option(
+    "--logged-counters",
+    is_flag=True,
+    help="PostgreSQL: create the counters table as a normal logged table instead of UNLOGGED.",
+)
+@click.pass_context
+def migrate(ctx: click.Context, revision: str, sql: bool, logged_counters: bool) -> None:
+    """Create or upgrade the quota tables (the deploy step)."""
+    with _errors():
+        quota.migrate(_url(ctx), revision=revision, sql=sql, counters_logged=logged_counters)
+    if not sql:
+        click.echo(f"quota schema at {quota.current_revision(_url(ctx))}", err=True)
+
+
+@main.command()
+@click.argument("revision")
+@click.option("--sql", is_flag=True, help="Print the SQL instead of running it.")
+@click.pass_context
+def downgrade(ctx: click.Context, revision: str, sql: bool) -> None:
+    """Downgrade the quota tables to REVISION ('base' drops them all)."""
+    with _errors():
+        quota.downgrade(_url(ctx), revision=revision, sql=sql)
+
+
+def _decision_out(decision: quota.Decision, as_json: bool) -> None:
+    headers = decision.headers()
+    data = {**asdict(decision), "headers": headers}
+    verdict = "allowed" if decision.allowed else "denied"
+    lines = [
+        f"{verdict}: {decision.key!r} {decision.count}/{decision.limit} in {decision.window}s window,"
+        f" {decision.remaining} remaining, resets at {decision.reset_at}"
+        + (f", retry after {decision.retry_after}s" if not decision.allowed else ""),
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    _emit(data, as_json, "\n".join(lines))
+    if not decision.allowed:
+        sys.exit(EXIT_DENIED)
+
+
+_limit_option = click.option(
+    "--limit", "-l", type=int, required=True, help="Hits allowed per window."
+)
+_window_option = click.option(
+    "--window",
+    "-w",
+    required=True,
+    callback=_duration("window"),
+    help="Window: 60, 60s, 1m, 1h, 1d.",
+)
+_json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@main.command()
+@click.argument("key")
+@_limit_option
+@_window_option
+@click.option(
+    "--cost", type=int, default=1, show_default=True, help="Hits this request counts for."
+)
+@_json_option
+@click.pass_context
+def hit(ctx: click.Context, key: str, limit: int, window: int, cost: int, as_json: bool) -> None:
+    """Count one hit on KEY; print the decision and the HTTP headers an app would send.
+
+    Exits 0 when allowed, 4 when denied.
+    """
+    with _errors(), _limiter(ctx) as limiter:
+        decision = limiter.rate_limit(key, limit, window, cost=cost)
+    _decision_out(decision, as_json)
+
+
+@main.command()
+@click.argument("key")
+@_limit_option
+@_window_option
+@_json_option
+@click.pass_context
+def peek(ctx: click.Context, key: str, limit: int, window: int, as_json: bool) -> None:
+    """Show KEY's current window without counting a hit (exit 4 if the next hit would be denied)."""
+    with _errors(), _limiter(ctx) as limiter:
+        decision = limiter.peek(key, limit, window)
+    _decision_out(decision, as_json)
+
+
+@main.command()
+@click.argument("key")
+@click.option("--window", "-w", callback=_duration("window"), help="Only windows of this length.")
+@click.pass_context
+def reset(ctx: click.Context, key: str, window: int | None) -> None:
+    """Forget KEY's counts, so its next hit starts a fresh window."""
+    with _errors(), _limiter(ctx) as limiter:
+        deleted = limiter.reset(key, window)
+    click.echo(f"reset {key!r}: {deleted} row(s) deleted")
+
+
+@main.command()
+@click.option("-n", "count", type=int, default=10, show_default=True, help="How many keys.")
+@_json_option
+@click.pass_context
+def top(ctx: click.Context, count: int, as_json: bool) -> None:
+    """The busiest keys in the windows running now."""
+    with _errors(), _limiter(ctx) as limiter:
+        rows = limiter.top(count)
+    now = int(time.time())
+    text = "\n".join(
+        [f"{'COUNT':>8}  {'WINDOW':>7}  {'RESETS IN':>9}  KEY"]
+        + [f"{u.count:>8}  {u.window:>6}s  {max(0, u.reset_at - now):>8}s  {u.key}" for u in rows]
+    )
+    _emit([asdict(u) for u in rows], as_json, text)
+
+
+@main.command()
+@click.option(
+    "--grace", default="60s", show_default=True, callback=_duration("grace"),
+    help="Keep windows that ended less than this long ago.",
+)  # fmt: skip
+@click.option("--batch-size", type=int, default=10_000, show_default=True, help="Rows per DELETE.")
+@click.option("--dry-run", is_flag=True, help="Only count the expired rows.")
+@click.option(
+    "--every", callback=_duration("every"),
+    help="Keep running and clean on this period (e.g. 30m) until SIGTERM or Ctrl-C.",
+)  # fmt: skip
+@_json_option
+@click.pass_context
+def cleanup(
+    ctx: click.Context, grace: int, batch_size: int, dry_run: bool, every: int | None, as_json: bool
+) -> None:
+    """Delete rate windows that have ended. Never touches anything else.
+
+    On PostgreSQL only one cleanup runs at a time: a second one says so and
+    exits 0.
+    """
+
+    def once(limiter: quota.Limiter) -> None:
+        result = limiter.cleanup(grace=grace, batch_size=batch_size, dry_run=dry_run)
+        if result.skipped:
+            text = "another cleanup is running; skipped"
+        elif result.dry_run:
+            text = f"{result.expired} expired row(s) would be deleted"
+        else:
+            text = f"deleted {result.deleted} expired row(s)"
+        _emit(asdict(result), as_json, text)
+
+    with _errors(), _limiter(ctx) as limiter:
+        if every is None:
+            once(limiter)
+            return
+        if every < 1:
+            raise click.BadParameter("must be at least 1s", param_hint="--every")
+        _every(every, lambda: once(limiter))
+
+
+def _every(period: int, job: Callable[[], None]) -> None:
+    """Run `job` now and then every `period` seconds until SIGTERM/SIGINT; survive failing runs."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        click.echo(f"received {signal.Signals(signum).name}, stopping", err=True)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.is_set():
+            try:
+                job()
+            except quota.QuotaError as exc:
+                # A scheduler must outlive a database blip: report, retry next period.
+                click.echo(f"Error: {exc}", err=True)
+            stop.wait(period)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@main.command()
+@click.option(
+    "--clients", type=int, default=6, show_default=True, help="Number of simulated clients."
+)
+@click.pass_context
+def demo(ctx: click.Context, clients: int) -> None:
+    """Drive a realistic burst through the real engine and print who got through.
+
+    Creates and migrates the database if needed (the embedded SQLite file by
+    default), runs anonymous and authenticated clients at once, then cleans up.
+    """
+    from quota._demo import run_demo
+
+    with _errors():
+        run_demo(_url(ctx), clients=clients, echo=click.echo)
+
+
+@main.command()
+@click.option(
+    "--concurrency", "-c", type=int, default=8, show_default=True, help="Concurrent callers."
+)
+@click.option("--keys", "-k", type=int, default=1000, show_default=True, help="Distinct keys.")
+@click.option(
+    "--duration", "-d", type=float, default=3.0, show_default=True, help="Seconds per measurement."
+)
+@click.option(
+    "--runs", "-r", type=int, default=3, show_default=True, help="Runs; medians are reported."
+)
+@click.option(
+    "--face", type=click.Choice(["auto", "sync", "async"]), default="auto", show_default=True,
+    help="auto: async for PostgreSQL, sync for SQLite (the targets of the README).",
+)  # fmt: skip
+@_json_option
+@click.pass_context
+def bench(
+    ctx: click.Context,
+    concurrency: int,
+    keys: int,
+    duration: float,
+    runs: int,
+    face: str,
+    as_json: bool,
+) -> None:
+    """Decisions per second of quota beside the bare driver doing the same upsert.
+
+    Runs against --url (migrating it first). Prints both rates and their
+    ratio, medians of --runs alternating runs.
+    """
+    from quota._bench import run_bench
+
+    with _errors():
+        report = run_bench(
+            _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face
+        )
+    _emit(report.as_dict(), as_json, report.table())

@@ -1,0 +1,271 @@
+"""``quota bench``: decisions per second of quota beside the bare driver, in one run.
+
+For each run the same workload goes through the bare driver (the same upsert,
+prepared, with no library around it) and through quota, in alternating order;
+the report gives the medians and the median of the per-run ratios. The bare
+side computes the window and bucket key inline, as any caller would have to.
+
+Concurrency means threads, each with its own connection, on the sync face,
+and tasks sharing one limiter (a pool of `concurrency` connections for
+PostgreSQL) on the async face. Limits are set high enough that every call is
+allowed, so both sides do the same work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from quota import _sql
+from quota._errors import ConfigurationError
+from quota._limiter import connect, connect_async
+from quota._migrate import migrate
+from quota._sqlite import pragmas
+from quota._url import StoreURL, parse_url
+
+WINDOW = 3600
+LIMIT = 2**60
+
+
+@dataclass
+class BenchReport:
+    """Medians of several runs, quota beside the bare driver."""
+
+    url: str
+    face: str
+    driver: str
+    concurrency: int
+    keys: int
+    duration: float
+    bare: list[float] = field(default_factory=list)
+    quota: list[float] = field(default_factory=list)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [q / b for q, b in zip(self.quota, self.bare, strict=True) if b]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "face": self.face,
+            "driver": self.driver,
+            "concurrency": self.concurrency,
+            "keys": self.keys,
+            "duration_s": self.duration,
+            "bare_per_s": [round(x) for x in self.bare],
+            "quota_per_s": [round(x) for x in self.quota],
+            "bare_median_per_s": round(statistics.median(self.bare)),
+            "quota_median_per_s": round(statistics.median(self.quota)),
+            "ratio_median": round(statistics.median(self.ratios), 3),
+        }
+
+    def table(self) -> str:
+        d = self.as_dict()
+        return "\n".join(
+            [
+                f"quota bench: {self.driver} ({self.face} face), {self.concurrency} callers,"
+                f" {self.keys} keys, {len(self.bare)} runs of {self.duration:g}s",
+                f"  {'':<22} {'median/s':>10}   runs",
+                f"  {'bare ' + self.driver:<22} {d['bare_median_per_s']:>10}   "
+                + " ".join(str(x) for x in d["bare_per_s"]),
+                f"  {'quota':<22} {d['quota_median_per_s']:>10}   "
+                + " ".join(str(x) for x in d["quota_per_s"]),
+                f"  ratio quota/bare (median of per-run ratios): {d['ratio_median']:.3f}",
+            ]
+        )
+
+
+def _key_stream(keys: int, seed: int) -> Callable[[], str]:
+    rng = random.Random(seed)
+    names = [f"bench:{i}" for i in range(keys)]
+    return lambda: names[rng.randrange(keys)]
+
+
+def _threads(
+    concurrency: int, duration: float, work: Callable[[int, Callable[[], bool]], int]
+) -> float:
+    """Run `work(worker_id, go)` on `concurrency` threads; return calls per second."""
+    counts = [0] * concurrency
+    barrier = threading.Barrier(concurrency + 1)
+    deadline = [0.0]
+
+    def go() -> bool:
+        return time.perf_counter() < deadline[0]
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        counts[i] = work(i, go)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    deadline[0] = time.perf_counter() + duration
+    start = time.perf_counter()
+    barrier.wait()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+async def _tasks(
+    concurrency: int, duration: float, work: Callable[[int, Callable[[], bool]], Any]
+) -> float:
+    deadline = time.perf_counter() + duration
+
+    def go() -> bool:
+        return time.perf_counter() < deadline
+
+    start = time.perf_counter()
+    counts: list[int] = await asyncio.gather(*(work(i, go) for i in range(concurrency)))
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def _bare_params(key: str) -> tuple[Any, ...]:
+    now = time.time()
+    second = int(now)
+    start = second - second % WINDOW
+    return (f"{WINDOW}:{start}:k:{key}", "k:" + key, start, WINDOW, 1, now)
+
+
+# -- the sync face ------------------------------------------------------------
+
+
+def _sync_quota(url: str, concurrency: int, keys: int, duration: float) -> float:
+    with connect(url, pool_size=concurrency) as limiter:
+
+        def work(i: int, go: Callable[[], bool]) -> int:
+            next_key, n = _key_stream(keys, i), 0
+            limiter.rate_limit(next_key(), LIMIT, WINDOW)  # connect outside the clock
+            while go():
+                limiter.rate_limit(next_key(), LIMIT, WINDOW)
+                n += 1
+            return n
+
+        return _threads(concurrency, duration, work)
+
+
+def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
+    if parsed.dialect == "sqlite":
+
+        def work(i: int, go: Callable[[], bool]) -> int:
+            conn = sqlite3.connect(parsed.target, isolation_level=None, check_same_thread=False)
+            for pragma in pragmas(10.0):
+                conn.execute(pragma)
+            next_key, n, sql = _key_stream(keys, i), 0, _sql.HIT
+            while go():
+                conn.execute(sql, _bare_params(next_key())).fetchall()
+                n += 1
+            conn.close()
+            return n
+
+        return _threads(concurrency, duration, work)
+    import psycopg
+
+    def pg_work(i: int, go: Callable[[], bool]) -> int:
+        with psycopg.connect(parsed.target, autocommit=True, prepare_threshold=0) as conn:
+            next_key, n, sql = _key_stream(keys, i), 0, _sql.render(_sql.HIT, "format")
+            while go():
+                conn.execute(sql, _bare_params(next_key())).fetchall()
+                n += 1
+            return n
+
+    return _threads(concurrency, duration, pg_work)
+
+
+# -- the async face -----------------------------------------------------------
+
+
+async def _async_quota(url: str, concurrency: int, keys: int, duration: float) -> float:
+    async with connect_async(url, pool_size=concurrency) as limiter:
+        # Open the pool up front: connecting is not what is measured.
+        await asyncio.gather(
+            *(limiter.rate_limit("bench:warm", LIMIT, WINDOW) for _ in range(concurrency))
+        )
+
+        async def work(i: int, go: Callable[[], bool]) -> int:
+            next_key, n = _key_stream(keys, i), 0
+            while go():
+                await limiter.rate_limit(next_key(), LIMIT, WINDOW)
+                n += 1
+            return n
+
+        return await _tasks(concurrency, duration, work)
+
+
+async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
+    if parsed.dialect == "sqlite":
+        import aiosqlite
+
+        async with aiosqlite.connect(parsed.target, isolation_level=None) as conn:
+            for pragma in pragmas(10.0):
+                await conn.execute(pragma)
+
+            async def work(i: int, go: Callable[[], bool]) -> int:
+                next_key, n = _key_stream(keys, i), 0
+                while go():
+                    await conn.execute_fetchall(_sql.HIT, _bare_params(next_key()))
+                    n += 1
+                return n
+
+            return await _tasks(concurrency, duration, work)
+    import asyncpg
+
+    connections = [await asyncpg.connect(parsed.target) for _ in range(concurrency)]
+    try:
+        statements = [await c.prepare(_sql.render(_sql.HIT, "numeric_dollar")) for c in connections]
+
+        async def pg_work(i: int, go: Callable[[], bool]) -> int:
+            stmt, next_key, n = statements[i], _key_stream(keys, i), 0
+            while go():
+                await stmt.fetch(*_bare_params(next_key()))
+                n += 1
+            return n
+
+        return await _tasks(concurrency, duration, pg_work)
+    finally:
+        for c in connections:
+            await c.close()
+
+
+def run_bench(
+    url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
+    face: str = "auto",
+) -> BenchReport:  # fmt: skip
+    """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc."""
+    for name, value in (("concurrency", concurrency), ("keys", keys), ("runs", runs)):
+        if type(value) is not int or value < 1:
+            raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+    if not 0 < duration <= 600:
+        raise ConfigurationError(f"duration must be in (0, 600] seconds, got {duration!r}")
+    parsed = parse_url(url)
+    if face == "auto":
+        face = "async" if parsed.dialect == "postgresql" else "sync"
+    driver = parsed.driver_for(asynchronous=face == "async")
+    plain = url.split("://", 1)
+    base_url = f"{parsed.dialect}://{plain[1]}"
+    migrate(url)
+    report = BenchReport(url, face, driver, concurrency, keys, duration)
+    for run in range(runs):
+        order = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
+        for side in order:
+            if face == "sync":
+                rate = (
+                    _sync_bare(parsed, concurrency, keys, duration)
+                    if side == "bare"
+                    else _sync_quota(base_url, concurrency, keys, duration)
+                )
+            else:
+                rate = asyncio.run(
+                    _async_bare(parsed, concurrency, keys, duration)
+                    if side == "bare"
+                    else _async_quota(base_url, concurrency, keys, duration)
+                )
+            (report.bare if side == "bare" else report.quota).append(rate)
+    return report
