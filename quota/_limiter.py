@@ -9,18 +9,22 @@ than the hot path are generators in `quota._ops`, driven by the store.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
-from quota import _ops, _sql
+from quota import _algorithms, _ops, _sql
+from quota._algorithms import FIXED_WINDOW, Rate
 from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, decide, hit_params, stored_key
 from quota._errors import ConfigurationError
 from quota._ops import CleanupResult, Usage
+from quota._policy import as_rates, most_restrictive
 from quota._store import AsyncStore, SyncStore
 from quota._url import StoreURL, parse_url
 
 Clock = Callable[[], float]
+#: ``clock="database"``: take the time from the database inside each statement.
+DATABASE_CLOCK = "database"
 
 #: Default grace before an ended window is swept, in seconds: covers app
 #: servers whose clocks lag the others a little.
@@ -34,8 +38,10 @@ class Options:
 
     count_denied: bool = True
     """Count denied hits too, so a client that keeps hammering stays blocked."""
-    clock: Clock = time.time
-    """Returns the current time in epoch seconds; inject one in tests."""
+    clock: Clock | str = time.time
+    """Returns the current time in epoch seconds (inject one in tests), or
+    ``"database"``: every statement takes the database's time, so app servers
+    whose clocks disagree still share one window."""
     pool_size: int = 10
     """Most connections an async PostgreSQL store opens."""
     timeout: float = 10.0
@@ -44,10 +50,19 @@ class Options:
     def __post_init__(self) -> None:
         if not isinstance(self.count_denied, bool):
             raise ConfigurationError(f"count_denied must be a bool, got {self.count_denied!r}")
-        if not callable(self.clock):
+        if not callable(self.clock) and self.clock != DATABASE_CLOCK:
             raise ConfigurationError(
-                f"clock must be a callable returning epoch seconds, got {self.clock!r}"
+                f"clock must be a callable returning epoch seconds or 'database', got {self.clock!r}"
             )
+
+    @property
+    def database_clock(self) -> bool:
+        return self.clock == DATABASE_CLOCK
+
+    @property
+    def app_clock(self) -> Clock:
+        """The clock read in the app: time.time under the database clock (for peek and fallbacks)."""
+        return self.clock if callable(self.clock) else time.time
         check_int("pool_size", self.pool_size, maximum=1000)
         if (
             isinstance(self.timeout, bool)
@@ -71,16 +86,28 @@ class Limiter:
     def __init__(self, store: SyncStore, options: Options) -> None:
         self.store = store
         self.options = options
-        self._clock = options.clock
+        self._clock = options.app_clock
         self._count_denied = options.count_denied
+        # The positional fixed-window statement is the hot path; everything
+        # else (other algorithms, the database clock) goes through _decide.
+        self._fast = not options.database_clock
 
-    def rate_limit(self, key: str, limit: int, window: int, *, cost: int = 1) -> Decision:
+    def rate_limit(
+        self, key: str, limit: int, window: int, *, cost: int = 1,
+        algorithm: str = FIXED_WINDOW, burst: int | None = None,
+    ) -> Decision:  # fmt: skip
         """Count one hit on `key` and decide: at most `limit` hits per `window` seconds.
 
-        Windows are aligned to the epoch. One atomic statement per call.
-        Raises `ConfigurationError` for bad arguments, `StorageError` when the
-        database fails, `SchemaError` when the tables are missing.
+        `algorithm` is ``fixed_window`` (windows aligned to the epoch; the
+        default), ``sliding_window``, ``token_bucket`` or ``gcra``; `burst` is
+        the capacity of the last two (default `limit`). One atomic statement
+        per call. Raises `ConfigurationError` for bad arguments (a `cost` the
+        limit can never allow included), `StorageError` when the database
+        fails, `SchemaError` when the tables are missing.
         """
+        if algorithm != FIXED_WINDOW or not self._fast:
+            rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+            return self._decide(key, rate, cost)
         now = self._clock()
         params = hit_params(
             key, limit, window, now, cost if cost == 1 else _check_cost(cost, limit)
@@ -91,12 +118,34 @@ class Limiter:
             rows = self.store.execute(_sql.HIT_CAPPED, (*params, limit))
         return decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
 
-    def peek(self, key: str, limit: int, window: int) -> Decision:
-        """The current window's state for `key`, without counting a hit.
+    def hit(self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1) -> Decision:
+        """Count one hit on `key` under each of `rates` and return the most restrictive decision.
+
+        `rates` is a `Rate`, several, or a rate string (``"100/minute;1000/day"``).
+        Each rate counts on its own; for all-or-nothing across several limits
+        use `check`.
+        """
+        decisions = [self._decide(key, rate, cost) for rate in as_rates(rates)]
+        return decisions[0] if len(decisions) == 1 else most_restrictive(decisions)
+
+    def _decide(self, key: str, rate: Rate, cost: int) -> Decision:
+        if rate.algorithm == FIXED_WINDOW and self._fast:
+            return self.rate_limit(key, rate.limit, rate.window, cost=cost)
+        rate.check_cost(cost)
+        now = self._clock()
+        named, params = _algorithms.statement(stored_key(key), rate, cost, now, self._count_denied)
+        return _algorithms.decide_rows(key, rate, cost, now, self.store.execute(named, params))
+
+    def peek(
+        self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
+        burst: int | None = None,
+    ) -> Decision:  # fmt: skip
+        """`key`'s state under this limit, without counting a hit (the app clock decides).
 
         ``allowed`` says whether one more hit would pass right now.
         """
-        return self.store.run(_ops.peek(key, limit, window, self._clock()), transaction=False)
+        rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+        return self.store.run(_ops.peek(key, rate, self._clock()), transaction=False)
 
     def reset(self, key: str, window: int | None = None) -> int:
         """Forget `key`'s counts (only for windows of `window` seconds if given); return rows deleted."""
@@ -147,11 +196,20 @@ class AsyncLimiter:
     def __init__(self, store: AsyncStore, options: Options) -> None:
         self.store = store
         self.options = options
-        self._clock = options.clock
+        self._clock = options.app_clock
         self._count_denied = options.count_denied
+        # The positional fixed-window statement is the hot path; everything
+        # else (other algorithms, the database clock) goes through _decide.
+        self._fast = not options.database_clock
 
-    async def rate_limit(self, key: str, limit: int, window: int, *, cost: int = 1) -> Decision:
+    async def rate_limit(
+        self, key: str, limit: int, window: int, *, cost: int = 1,
+        algorithm: str = FIXED_WINDOW, burst: int | None = None,
+    ) -> Decision:  # fmt: skip
         """Count one hit on `key` and decide; see `Limiter.rate_limit`."""
+        if algorithm != FIXED_WINDOW or not self._fast:
+            rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+            return await self._decide(key, rate, cost)
         now = self._clock()
         params = hit_params(
             key, limit, window, now, cost if cost == 1 else _check_cost(cost, limit)
@@ -162,9 +220,28 @@ class AsyncLimiter:
             rows = await self.store.execute(_sql.HIT_CAPPED, (*params, limit))
         return decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
 
-    async def peek(self, key: str, limit: int, window: int) -> Decision:
+    async def hit(self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1) -> Decision:
+        """See `Limiter.hit`."""
+        decisions = [await self._decide(key, rate, cost) for rate in as_rates(rates)]
+        return decisions[0] if len(decisions) == 1 else most_restrictive(decisions)
+
+    async def _decide(self, key: str, rate: Rate, cost: int) -> Decision:
+        if rate.algorithm == FIXED_WINDOW and self._fast:
+            return await self.rate_limit(key, rate.limit, rate.window, cost=cost)
+        rate.check_cost(cost)
+        now = self._clock()
+        named, params = _algorithms.statement(stored_key(key), rate, cost, now, self._count_denied)
+        return _algorithms.decide_rows(
+            key, rate, cost, now, await self.store.execute(named, params)
+        )
+
+    async def peek(
+        self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
+        burst: int | None = None,
+    ) -> Decision:  # fmt: skip
         """See `Limiter.peek`."""
-        return await self.store.run(_ops.peek(key, limit, window, self._clock()), transaction=False)
+        rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+        return await self.store.run(_ops.peek(key, rate, self._clock()), transaction=False)
 
     async def reset(self, key: str, window: int | None = None) -> int:
         """See `Limiter.reset`."""
@@ -218,10 +295,14 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
     if parsed.dialect == "sqlite":
         from quota._sqlite import SQLiteStore
 
-        return SQLiteStore(parsed.target, parsed.url, busy_timeout=options.timeout)
+        return SQLiteStore(
+            parsed.target, parsed.url, busy_timeout=options.timeout, db_clock=options.database_clock
+        )
     from quota._postgres import PostgresStore
 
-    return PostgresStore(parsed.target, parsed.url, connect_timeout=options.timeout)
+    return PostgresStore(
+        parsed.target, parsed.url, connect_timeout=options.timeout, db_clock=options.database_clock
+    )
 
 
 def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
@@ -230,19 +311,22 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
     if parsed.dialect == "sqlite":
         from quota._sqlite import AsyncSQLiteStore
 
-        return AsyncSQLiteStore(parsed.target, parsed.url, busy_timeout=options.timeout)
+        return AsyncSQLiteStore(
+            parsed.target, parsed.url, busy_timeout=options.timeout, db_clock=options.database_clock
+        )
     from quota._postgres import AsyncPostgresStore
 
     return AsyncPostgresStore(
-        parsed.target, parsed.url, pool_size=options.pool_size, connect_timeout=options.timeout
-    )
+        parsed.target, parsed.url, pool_size=options.pool_size, connect_timeout=options.timeout,
+        db_clock=options.database_clock,
+    )  # fmt: skip
 
 
 def connect(
     url: str,
     *,
     count_denied: bool = True,
-    clock: Clock = time.time,
+    clock: Clock | str = time.time,
     pool_size: int = 10,
     timeout: float = 10.0,
 ) -> Limiter:
@@ -261,7 +345,7 @@ def connect_async(
     url: str,
     *,
     count_denied: bool = True,
-    clock: Clock = time.time,
+    clock: Clock | str = time.time,
     pool_size: int = 10,
     timeout: float = 10.0,
 ) -> AsyncLimiter:

@@ -12,25 +12,65 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from quota import _sql
-from quota._core import Decision, check_int, display_key, hit_params, peek_decision
+from quota._algorithms import (
+    FIXED_WINDOW,
+    SLIDING_WINDOW,
+    TOKEN_BUCKET,
+    Rate,
+    bucket_decision,
+    bucket_step,
+    gcra_decision,
+    gcra_params,
+    gcra_step,
+    sliding_decision,
+    sliding_step,
+    state_key,
+)
+from quota._core import Decision, check_int, display_key, hit_params, peek_decision, stored_key
 from quota._errors import ConfigurationError
 from quota._store import Rows, Statement
 
 
-def peek(key: str, limit: int, window: int, now: float) -> Generator[Statement, Rows, Decision]:
-    """The window's state for `key` without counting a hit."""
-    bucket_key, _, start, _, _, _ = hit_params(key, limit, window, now)
-    rows = yield _sql.PEEK, (bucket_key,)
-    return peek_decision(key, limit, window, start, now, int(rows[0][0]) if rows else 0)
+def peek(key: str, rate: Rate, now: float) -> Generator[Statement, Rows, Decision]:
+    """The state of `key` under `rate` without counting a hit.
+
+    ``allowed`` says whether one more hit (cost 1) would pass right now.
+    """
+    if rate.algorithm == FIXED_WINDOW:
+        bucket_key, _, start, _, _, _ = hit_params(key, rate.limit, rate.window, now)
+        rows = yield _sql.PEEK, (bucket_key,)
+        return peek_decision(
+            key, rate.limit, rate.window, start, now, int(rows[0][0]) if rows else 0
+        )
+    bucket_key = state_key(rate.algorithm, rate.window, stored_key(key))
+    rows = yield _sql.STATE_PEEK, (bucket_key,)
+    value, prev_value, stamp = (float(x) for x in rows[0]) if rows else (None, None, None)
+    if rate.algorithm == SLIDING_WINDOW:
+        state = None if value is None else (value, prev_value or 0.0, stamp or 0.0)
+        fresh, _ = sliding_step(state, now, rate.window, rate.limit, 0)
+        _, allowed = sliding_step(fresh, now, rate.window, rate.limit, 1)
+        return sliding_decision(key, rate, 1, now, fresh, allowed)
+    if rate.algorithm == TOKEN_BUCKET:
+        capacity = float(rate.capacity)
+        bucket = None if value is None else (value, stamp or 0.0)
+        (tokens, stamp2), _ = bucket_step(bucket, now, capacity, rate.rate, 0)
+        _, allowed = bucket_step((tokens, stamp2), now, capacity, rate.rate, 1)
+        return bucket_decision(key, rate, 1, now, tokens, allowed)
+    increment, tolerance = gcra_params(rate, 1)
+    tat = now if value is None else value
+    _, allowed = gcra_step(tat, now, increment, tolerance)
+    return gcra_decision(key, rate, 1, now, tat, allowed)
 
 
 def reset(stored_key: str, window: int | None) -> Generator[Statement, Rows, int]:
-    """Delete every window of a key (of one window length if given); return rows deleted."""
-    if window is None:
-        rows = yield _sql.RESET_ALL, (stored_key,)
-    else:
-        rows = yield _sql.RESET_WINDOW, (stored_key, window)
-    return len(rows)
+    """Delete every window and state of a key (of one window length if given); return rows deleted."""
+    deleted = 0
+    for every, one in (
+        (_sql.RESET_ALL, _sql.RESET_WINDOW),  # PENDING-0003: state table
+    ):
+        rows = yield (every, (stored_key,)) if window is None else (one, (stored_key, window))
+        deleted += len(rows)
+    return deleted
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +100,14 @@ def cleanup(
         raise ConfigurationError(f"grace must be a whole number of seconds >= 0, got {grace!r}")
     check_int("batch_size", batch_size, maximum=1_000_000)
     cutoff = int(now) - grace
+    # Rate windows end at window_start + window; algorithm state expires at expires_at.
+    tables = ((_sql.COUNT_EXPIRED, _sql.DELETE_EXPIRED),)  # PENDING-0003: state table
     if dry_run:
-        rows = yield _sql.COUNT_EXPIRED, (cutoff,)
-        return CleanupResult(deleted=0, expired=int(rows[0][0]), dry_run=True)
+        expired = 0
+        for count, _ in tables:
+            rows = yield count, (cutoff,)
+            expired += int(rows[0][0])
+        return CleanupResult(deleted=0, expired=expired, dry_run=True)
     locking = dialect == "postgresql"
     if locking:
         rows = yield _sql.PG_TRY_LOCK, (_sql.CLEANUP_LOCK_ID,)
@@ -70,11 +115,12 @@ def cleanup(
             return CleanupResult(deleted=0, expired=0, skipped=True)
     deleted = 0
     try:
-        while True:
-            rows = yield _sql.DELETE_EXPIRED, (cutoff, batch_size)
-            deleted += len(rows)
-            if len(rows) < batch_size:
-                break
+        for _, delete in tables:
+            while True:
+                rows = yield delete, (cutoff, batch_size)
+                deleted += len(rows)
+                if len(rows) < batch_size:
+                    break
     finally:
         if locking:
             yield _sql.PG_UNLOCK, (_sql.CLEANUP_LOCK_ID,)

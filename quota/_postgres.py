@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
@@ -18,6 +18,7 @@ import asyncpg
 from quota import _sql
 from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._schema import check_version
+from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
 
 if TYPE_CHECKING:
@@ -129,9 +130,11 @@ class AsyncPostgresStore:
     dialect = "postgresql"
 
     def __init__(
-        self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0
-    ) -> None:
+        self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
+        db_clock: bool = False,
+    ) -> None:  # fmt: skip
         self.url = url
+        self.db_clock = db_clock
         self._dsn = dsn
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
@@ -169,10 +172,14 @@ class AsyncPostgresStore:
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
 
-    async def execute(self, sql: str, params: Sequence[Any]) -> Rows:
+    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        if sql.__class__ is str:
+            sql = _sql.render(sql, "numeric_dollar")
+        else:
+            sql, params = _sql.bind(sql, params, "numeric_dollar", "postgresql", self.db_clock)  # type: ignore[arg-type]
         pool, conn = await self._acquire()
         try:
-            return await conn.fetch(_sql.render(sql, "numeric_dollar"), *params)  # type: ignore[no-any-return]
+            return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
         finally:
@@ -208,7 +215,9 @@ class PostgresStore:
 
     dialect = "postgresql"
 
-    def __init__(self, dsn: str, url: str, *, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self, dsn: str, url: str, *, connect_timeout: float = 10.0, db_clock: bool = False
+    ) -> None:
         try:
             import psycopg
         except ImportError as exc:
@@ -218,6 +227,7 @@ class PostgresStore:
             ) from exc
         self._psycopg = psycopg
         self.url = url
+        self.db_clock = db_clock
         self._dsn = dsn
         self._connect_timeout = connect_timeout
         self._local = threading.local()
@@ -268,10 +278,14 @@ class PostgresStore:
             conn.close()
         return wrap_error(exc, self.url)
 
-    def execute(self, sql: str, params: Sequence[Any]) -> Rows:
+    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        if sql.__class__ is str:
+            sql = _sql.render(sql, "format")
+        else:
+            sql, params = _sql.bind(sql, params, "format", "postgresql", self.db_clock)  # type: ignore[arg-type]
         conn = self._conn()
         try:
-            return conn.execute(_sql.render(sql, "format"), params).fetchall()
+            return conn.execute(sql, params).fetchall()
         except Exception as exc:
             raise self._fail(conn, exc) from exc
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
+from typing import Any
 
 COUNTERS = "quota_counters"
 VERSION_TABLE = "quota_alembic_version"
@@ -86,8 +88,184 @@ def render(text: str, style: str) -> str:
     if style == "qmark":
         return text
     if style == "format":
-        return _PLACEHOLDER.sub("%s", text)
+        return _PLACEHOLDER.sub("%s", text.replace("%", "%%"))
     if style == "numeric_dollar":
         counter = iter(range(1, 1000))
         return _PLACEHOLDER.sub(lambda _m: f"${next(counter)}", text)
     raise ValueError(f"unknown placeholder style {style!r}")  # pragma: no cover
+
+
+# -- statements with named parameters ------------------------------------------------
+#
+# The algorithms beyond the fixed window use a parameter several times, so
+# their statements are written with ``:name`` markers and compiled per driver
+# by `compile_named` into the driver's style plus the order of the names. With
+# the database clock (``clock="database"``), ``:now`` and the values derived
+# from it become SQL expressions, so the database's time decides the window.
+
+
+class Named:
+    """A statement with ``:name`` parameters. `name` identifies it to non-SQL stores."""
+
+    __slots__ = ("name", "text")
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name = name
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Named({self.name!r})"
+
+
+_NAMED_PARAM = re.compile(r"(?<![:\w]):([a-z_]+)")
+
+#: The database's "now" in epoch seconds, one value per statement.
+DB_NOW = {
+    "postgresql": "CAST(extract(epoch FROM statement_timestamp()) AS DOUBLE PRECISION)",
+    # julianday('now') is fixed for the duration of one sqlite3_step().
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+}
+_WHOLE_NOW = {"postgresql": "CAST(floor(:now) AS BIGINT)", "sqlite": "CAST(:now AS INTEGER)"}
+#: Values the app clock computes in Python, as SQL for the database clock
+#: (same arithmetic: `quota._algorithms.window_start` and `sliding_weight`).
+_DERIVED = (
+    ("weight", "((:window - (:now - :ws)) / CAST(:window AS DOUBLE PRECISION))"),
+    ("ws", "CAST({s} - {s} % :window AS DOUBLE PRECISION)"),
+    ("wsint", "({s} - {s} % :window)"),
+)
+
+
+_PARAM_TYPES = {"bucket_key": "TEXT", "client_key": "TEXT", "window": "INTEGER"}
+
+
+@functools.cache
+def compile_named(
+    text: str, style: str, dialect: str, db_clock: bool
+) -> tuple[str, tuple[str, ...]]:
+    """`text` in the driver's `style` for `dialect`, and the names of its parameters in order.
+
+    ``GREATEST``/``LEAST`` become SQLite's two-argument ``max``/``min``. For
+    ``numeric_dollar`` each name is one parameter; for ``qmark`` and
+    ``format`` every occurrence is, so names may repeat.
+    """
+    if dialect == "sqlite":
+        text = text.replace("GREATEST(", "max(").replace("LEAST(", "min(")
+    if db_clock:
+        whole = _WHOLE_NOW[dialect]
+        for name, expression in _DERIVED:
+            text = re.sub(rf"(?<![:\w]):{name}\b", expression.replace("{s}", whole), text)
+        text = re.sub(r"(?<![:\w]):now\b", f"({DB_NOW[dialect]})", text)
+    if style == "format":
+        text = text.replace("%", "%%")  # psycopg: a literal % is written %%
+    names: list[str] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if style == "numeric_dollar":
+            if name not in names:
+                names.append(name)
+            marker = f"${names.index(name) + 1}"
+        else:
+            names.append(name)
+            marker = "?" if style == "qmark" else "%s"
+        if dialect == "postgresql":
+            # PostgreSQL infers a parameter's type from its first use, which
+            # fails for `:a - :b`; state every type instead.
+            return f"CAST({marker} AS {_PARAM_TYPES.get(name, 'DOUBLE PRECISION')})"
+        return marker
+
+    return _NAMED_PARAM.sub(placeholder, text), tuple(names)
+
+
+def bind(
+    named: Named, params: Mapping[str, Any], style: str, dialect: str, db_clock: bool
+) -> tuple[str, tuple[Any, ...]]:
+    """`named` compiled for the driver, with its parameters in the driver's order."""
+    text, names = compile_named(named.text, style, dialect, db_clock)
+    return text, tuple([params[name] for name in names])
+
+
+_STATE_COLUMNS = (
+    "INSERT INTO quota_state"
+    " (bucket_key, client_key, window_seconds, value, prev_value, stamp, allowed, expires_at)"
+)
+
+# Sliding-window counter. The SET expressions all read the row as it was.
+_SW_CURRENT = "(CASE WHEN quota_state.stamp >= :ws THEN quota_state.value ELSE 0.0 END)"
+_SW_PREVIOUS = (
+    "(CASE WHEN quota_state.stamp >= :ws THEN quota_state.prev_value"
+    " WHEN quota_state.stamp = :ws - :window THEN quota_state.value ELSE 0.0 END)"
+)
+_SW_ALLOWED = f"({_SW_PREVIOUS} * :weight + {_SW_CURRENT} + :cost <= :limit)"
+SLIDING_WINDOW = Named(
+    "sliding_window",
+    _STATE_COLUMNS
+    + " VALUES (:bucket_key, :client_key, :window, :cost, 0.0, :ws, 1, :ws + 2 * :window)"
+    " ON CONFLICT (bucket_key) DO UPDATE SET"
+    f" value = CASE WHEN {_SW_ALLOWED} THEN {_SW_CURRENT} + :cost ELSE {_SW_CURRENT} END,"
+    f" prev_value = {_SW_PREVIOUS},"
+    " stamp = GREATEST(quota_state.stamp, :ws),"
+    f" allowed = CASE WHEN {_SW_ALLOWED} THEN 1 ELSE 0 END,"
+    " expires_at = GREATEST(quota_state.stamp, :ws) + 2 * :window"
+    " RETURNING value, prev_value, stamp, allowed, CAST(:now AS DOUBLE PRECISION)",
+)
+
+# Token bucket: refill by elapsed time, capped; take `cost` tokens if there are enough.
+_TB_REFILL = "LEAST(:capacity, quota_state.value + GREATEST(0.0, :now - quota_state.stamp) * :rate)"
+TOKEN_BUCKET = Named(
+    "token_bucket",
+    _STATE_COLUMNS + " VALUES (:bucket_key, :client_key, :window, :capacity - :cost, 0.0, :now, 1,"
+    " :now + :cost / :rate)"
+    " ON CONFLICT (bucket_key) DO UPDATE SET"
+    f" value = CASE WHEN {_TB_REFILL} >= :cost THEN {_TB_REFILL} - :cost ELSE {_TB_REFILL} END,"
+    " stamp = GREATEST(quota_state.stamp, :now),"
+    f" allowed = CASE WHEN {_TB_REFILL} >= :cost THEN 1 ELSE 0 END,"
+    # When the bucket is full again (an upper bound when denied): cleanup's cue.
+    f" expires_at = GREATEST(quota_state.stamp, :now) + (:capacity - {_TB_REFILL} + :cost) / :rate"
+    " RETURNING value, allowed, CAST(:now AS DOUBLE PRECISION)",
+)
+
+# GCRA: one theoretical arrival time per key.
+_GCRA_ARRIVAL = "(GREATEST(quota_state.value, :now) + :increment)"
+_GCRA_ALLOWED = f"({_GCRA_ARRIVAL} - :now <= :tolerance)"
+GCRA = Named(
+    "gcra",
+    _STATE_COLUMNS + " VALUES (:bucket_key, :client_key, :window, :now + :increment, 0.0, 0.0, 1,"
+    " :now + :increment)"
+    " ON CONFLICT (bucket_key) DO UPDATE SET"
+    f" value = CASE WHEN {_GCRA_ALLOWED} THEN {_GCRA_ARRIVAL} ELSE quota_state.value END,"
+    f" allowed = CASE WHEN {_GCRA_ALLOWED} THEN 1 ELSE 0 END,"
+    f" expires_at = CASE WHEN {_GCRA_ALLOWED} THEN {_GCRA_ARRIVAL} ELSE quota_state.value END"
+    " RETURNING value, allowed, CAST(:now AS DOUBLE PRECISION)",
+)
+
+#: The fixed window with the database clock: the bucket key is built in SQL
+#: from the database's time. Returns the count, window start and time used.
+_HIT_DB = (
+    "INSERT INTO quota_counters"
+    " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
+    " VALUES (CAST(CAST(:window AS INTEGER) AS TEXT) || ':' || CAST(:wsint AS TEXT) || ':' || :client_key,"
+    " :client_key, :wsint, :window, :cost, :now)"
+    " ON CONFLICT (bucket_key) DO UPDATE"
+    " SET count = quota_counters.count + excluded.count, updated_at = excluded.updated_at"
+)
+HIT_DB_CLOCK = Named("fixed_window", _HIT_DB + " RETURNING count, window_start, updated_at")
+HIT_DB_CLOCK_CAPPED = Named(
+    "fixed_window_capped",
+    _HIT_DB + " WHERE quota_counters.count + excluded.count <= :limit"
+    " RETURNING count, window_start, updated_at",
+)
+
+#: Params: bucket_key.
+STATE_PEEK = "SELECT value, prev_value, stamp FROM quota_state WHERE bucket_key = ?"
+#: Params: client_key (and window_seconds).
+STATE_RESET_ALL = "DELETE FROM quota_state WHERE client_key = ? RETURNING 1"
+STATE_RESET_WINDOW = (
+    "DELETE FROM quota_state WHERE client_key = ? AND window_seconds = ? RETURNING 1"
+)
+#: Params: cutoff, batch size.
+STATE_DELETE_EXPIRED = (
+    "DELETE FROM quota_state WHERE bucket_key IN"
+    " (SELECT bucket_key FROM quota_state WHERE expires_at < ? LIMIT ?) RETURNING 1"
+)
+STATE_COUNT_EXPIRED = "SELECT count(*) FROM quota_state WHERE expires_at < ?"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -18,6 +18,7 @@ import aiosqlite
 from quota import _sql
 from quota._errors import ConfigurationError, SchemaError, StorageError
 from quota._schema import check_version
+from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
 
 T = TypeVar("T")
@@ -67,9 +68,12 @@ class SQLiteStore:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str, url: str, *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False
+    ) -> None:
         _check_sqlite_version()
         self.url = url
+        self.db_clock = db_clock
         self._path = path
         self._busy_timeout = busy_timeout
         self._local = threading.local()
@@ -102,8 +106,10 @@ class SQLiteStore:
             conn = self._open()
         return conn
 
-    def execute(self, sql: str, params: Sequence[Any]) -> Rows:
+    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         conn = self._conn()
+        if sql.__class__ is not str:
+            sql, params = _sql.bind(sql, params, "qmark", "sqlite", self.db_clock)  # type: ignore[arg-type]
         try:
             return conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
@@ -148,9 +154,12 @@ class AsyncSQLiteStore:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str, url: str, *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False
+    ) -> None:
         _check_sqlite_version()
         self.url = url
+        self.db_clock = db_clock
         self._path = path
         self._busy_timeout = busy_timeout
         self._conn: aiosqlite.Connection | None = None
@@ -181,8 +190,10 @@ class AsyncSQLiteStore:
         self._conn = conn
         return conn
 
-    async def execute(self, sql: str, params: Sequence[Any]) -> Rows:
+    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         conn = self._conn or await self._start()
+        if sql.__class__ is not str:
+            sql, params = _sql.bind(sql, params, "qmark", "sqlite", self.db_clock)  # type: ignore[arg-type]
         assert self._lock is not None
         async with self._lock:
             try:

@@ -19,8 +19,10 @@ Two kinds of work reach a store:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
+
+from quota._sql import Named
 
 Row = Sequence[Any]
 Rows = Sequence[Row]
@@ -35,8 +37,12 @@ class SyncStore(Protocol):
 
     dialect: str
 
-    def execute(self, sql: str, params: Sequence[Any]) -> Rows:
-        """Run one statement in its own transaction; raise `StorageError` on failure."""
+    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        """Run one statement in its own transaction; raise `StorageError` on failure.
+
+        `sql` is a statement of `quota._sql`: text with ``?`` and positional
+        `params`, or a `Named` one with a mapping.
+        """
         ...
 
     def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
@@ -53,8 +59,8 @@ class AsyncStore(Protocol):
 
     dialect: str
 
-    async def execute(self, sql: str, params: Sequence[Any]) -> Rows:
-        """Run one statement in its own transaction; raise `StorageError` on failure."""
+    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        """Run one statement in its own transaction; see `SyncStore.execute`."""
         ...
 
     async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:

@@ -1,0 +1,319 @@
+"""The algorithms beyond the fixed window, as pure state transitions.
+
+Each algorithm is one function from (stored state, now, parameters) to (new
+state, allowed). The memory store runs these functions as they are; the SQL
+statements in `quota._sql` and the Redis Lua scripts spell out the very same
+arithmetic, operation for operation in IEEE doubles, so every store reaches
+the same decision from the same trace (a property test holds them to it).
+The functions that turn returned state into a `Decision` live here too, so
+every store shares them.
+
+State per key (the columns of ``quota_state``):
+
+=================  ======================  ===============  ==================
+algorithm          value                   prev_value       stamp
+=================  ======================  ===============  ==================
+sliding_window     hits in current window  hits in previous start of current
+token_bucket       tokens left             (unused, 0)      time of last update
+gcra               theoretical arrival     (unused, 0)      (unused, 0)
+=================  ======================  ===============  ==================
+
+None of them charges a denied hit: a token bucket's denial leaves the bucket
+as the refill made it (no double penalty), a sliding window's leaves the
+counts alone, and GCRA's leaves the arrival time alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from quota import _sql
+from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, _decision, check_int, decide
+from quota._errors import ConfigurationError
+from quota._sql import Named
+
+FIXED_WINDOW = "fixed_window"
+SLIDING_WINDOW = "sliding_window"
+TOKEN_BUCKET = "token_bucket"
+GCRA = "gcra"
+ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET, GCRA)
+
+#: Short prefixes of the state rows' bucket keys, one per algorithm.
+PREFIX = {SLIDING_WINDOW: "sw", TOKEN_BUCKET: "tb", GCRA: "gcra"}
+
+# Floats that should be whole numbers (a remaining count computed through a
+# division) are floored after adding this, so 8.999999999 counts as 9.
+_EPS = 1e-9
+
+
+def check_algorithm(algorithm: object) -> str:
+    """Return `algorithm` if known; raise `ConfigurationError` listing the known ones."""
+    if algorithm not in ALGORITHMS:
+        raise ConfigurationError(
+            f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}"
+        )
+    return str(algorithm)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rate:
+    """A limit a person can write down: `limit` hits per `window` seconds.
+
+    `burst` is the capacity of a token bucket or the burst of GCRA (default:
+    `limit`); it refills at `refill_per_second` (default ``limit / window``).
+    Fixed and sliding windows ignore both. `quota.parse_rates` builds these
+    from strings like ``"100/minute;1000/day"`` or ``"100/s burst 200"``.
+    """
+
+    limit: int
+    """Hits allowed per window."""
+    window: int
+    """Window length in seconds."""
+    algorithm: str = FIXED_WINDOW
+    """One of ``fixed_window``, ``sliding_window``, ``token_bucket``, ``gcra``."""
+    burst: int | None = None
+    """Token bucket capacity / GCRA burst; None means `limit`."""
+    refill_per_second: float | None = None
+    """Token bucket refill rate; None means ``limit / window``."""
+
+    def __post_init__(self) -> None:
+        check_int("limit", self.limit, maximum=MAX_LIMIT)
+        check_int("window", self.window, maximum=MAX_WINDOW)
+        check_algorithm(self.algorithm)
+        if self.burst is not None:
+            check_int("burst", self.burst, maximum=MAX_LIMIT)
+        if self.refill_per_second is not None and (
+            isinstance(self.refill_per_second, bool)
+            or not isinstance(self.refill_per_second, (int, float))
+            or not 0 < self.refill_per_second < math.inf
+        ):
+            raise ConfigurationError(
+                f"refill_per_second must be a positive number, got {self.refill_per_second!r}"
+            )
+
+    @property
+    def capacity(self) -> int:
+        """The most hits that can pass at once."""
+        if self.algorithm in (TOKEN_BUCKET, GCRA) and self.burst is not None:
+            return self.burst
+        return self.limit
+
+    @property
+    def rate(self) -> float:
+        """Tokens (hits) regained per second."""
+        return float(self.refill_per_second or self.limit / self.window)
+
+    def check_cost(self, cost: object) -> int:
+        """`cost` if this rate can ever allow it; `ConfigurationError` otherwise."""
+        if type(cost) is not int or cost < 1:
+            raise ConfigurationError(f"cost must be a positive integer, got {cost!r}")
+        if cost > self.capacity:
+            raise ConfigurationError(
+                f"cost {cost} can never pass: it exceeds the {self.algorithm} capacity"
+                f" of {self.capacity}; raise the limit (or burst) or lower the cost"
+            )
+        return cost
+
+    def __str__(self) -> str:
+        text = f"{self.limit}/{self.window}s"
+        if self.burst is not None:
+            text += f" burst {self.burst}"
+        return text if self.algorithm == FIXED_WINDOW else f"{text} ({self.algorithm})"
+
+
+# -- state transitions (the memory store runs these; SQL and Lua mirror them) --
+
+SlidingState = tuple[
+    float, float, float
+]  # (value=current, prev_value=previous, stamp=window start)
+BucketState = tuple[float, float]  # (tokens, stamp)
+
+
+def window_start(now: float, window: int) -> float:
+    second = int(now)
+    return float(second - second % window)
+
+
+def sliding_weight(now: float, ws: float, window: int) -> float:
+    """How much of the previous window still counts: 1 at the window's start, 0 at its end."""
+    return (window - (now - ws)) / window
+
+
+def sliding_step(
+    state: SlidingState | None, now: float, window: int, limit: int, cost: int
+) -> tuple[SlidingState, bool]:
+    ws = window_start(now, window)
+    if state is None:
+        return (float(cost), 0.0, ws), True
+    value, prev_value, stamp = state
+    # A row from a newer window (an app server whose clock runs ahead) is
+    # taken as current; one exactly a window old becomes the previous one.
+    current = value if stamp >= ws else 0.0
+    previous = prev_value if stamp >= ws else (value if stamp == ws - window else 0.0)
+    allowed = previous * sliding_weight(now, ws, window) + current + cost <= limit
+    return (current + cost if allowed else current, previous, max(stamp, ws)), allowed
+
+
+def bucket_step(
+    state: BucketState | None, now: float, capacity: float, rate: float, cost: int
+) -> tuple[BucketState, bool]:
+    if state is None:
+        return (capacity - cost, now), True
+    tokens, stamp = state
+    refill = min(capacity, tokens + max(0.0, now - stamp) * rate)
+    allowed = refill >= cost
+    return (refill - cost if allowed else refill, max(stamp, now)), allowed
+
+
+def gcra_step(
+    tat: float | None, now: float, increment: float, tolerance: float
+) -> tuple[float, bool]:
+    if tat is None:
+        return now + increment, True
+    arrival = max(tat, now) + increment
+    allowed = arrival - now <= tolerance
+    return (arrival if allowed else tat), allowed
+
+
+def gcra_params(rate: Rate, cost: int) -> tuple[float, float]:
+    """GCRA's (increment, tolerance): cost * emission interval, and burst * interval."""
+    interval = rate.window / rate.limit
+    return cost * interval, rate.capacity * interval
+
+
+def expires_at(algorithm: str, rate: Rate, state: tuple[float, ...]) -> float:
+    """When a state row becomes the same as no row at all (cleanup may drop it then)."""
+    if algorithm == SLIDING_WINDOW:
+        return state[2] + 2 * rate.window
+    if algorithm == TOKEN_BUCKET:
+        return state[1] + (rate.capacity - state[0]) / rate.rate
+    return state[0]  # gcra: the theoretical arrival time
+
+
+# -- decisions from returned state --------------------------------------------------
+
+
+def _retry(seconds: float) -> int:
+    return max(1, math.ceil(seconds))
+
+
+def sliding_decision(
+    key: str, rate: Rate, cost: int, now: float, state: SlidingState, allowed: bool
+) -> Decision:
+    value, prev_value, stamp = state
+    ws = window_start(now, rate.window)
+    limit, window = rate.limit, rate.window
+    weight = sliding_weight(now, ws, window)
+    # The state may carry a newer window (see sliding_step); weigh from ours.
+    current = value if stamp >= ws else 0.0
+    previous = prev_value if stamp >= ws else (value if stamp == ws - window else 0.0)
+    estimate = previous * weight + current
+    count = math.ceil(estimate - _EPS)
+    remaining = max(0, min(limit, math.floor(limit - estimate + _EPS)))
+    reset_at = int(ws) + window
+    if allowed:
+        return _decision(True, key, limit, remaining, count, window, reset_at, 0)
+    if current + cost <= limit and previous > 0:
+        # Passes later in this window, once enough of the previous one fades.
+        wait = ws + window * (1 - (limit - current - cost) / previous) - now
+    else:
+        # Only in the next window, once enough of this one fades.
+        wait = ws + window + window * (1 - (limit - cost) / current) - now
+    return _decision(False, key, limit, remaining, count, window, reset_at, _retry(wait))
+
+
+def bucket_decision(
+    key: str, rate: Rate, cost: int, now: float, tokens: float, allowed: bool
+) -> Decision:
+    capacity, per_second = rate.capacity, rate.rate
+    remaining = max(0, math.floor(tokens + _EPS))
+    reset_at = math.ceil(now + (capacity - tokens) / per_second - _EPS)
+    retry = 0 if allowed else _retry((cost - tokens) / per_second)
+    return _decision(
+        allowed, key, capacity, remaining, capacity - remaining, rate.window, reset_at, retry
+    )
+
+
+def gcra_decision(
+    key: str, rate: Rate, cost: int, now: float, tat: float, allowed: bool
+) -> Decision:
+    increment, tolerance = gcra_params(rate, cost)
+    interval = increment / cost
+    capacity = rate.capacity
+    remaining = max(0, min(capacity, math.floor((tolerance - (tat - now)) / interval + _EPS)))
+    reset_at = math.ceil(max(tat, now) - _EPS)
+    retry = 0 if allowed else _retry(max(tat, now) + increment - tolerance - now)
+    return _decision(
+        allowed, key, capacity, remaining, capacity - remaining, rate.window, reset_at, retry
+    )
+
+
+# -- one call, end to end: the statement to run and the decision from its rows --------
+
+
+def state_key(algorithm: str, window: int, stored_key: str) -> str:
+    """Primary key of a ``quota_state`` row.
+
+    Capacity and refill are not part of it, so a bucket keeps its state when
+    its capacity changes (adaptive capacity, a policy edit).
+    """
+    return f"{PREFIX[algorithm]}:{window}:{stored_key}"
+
+
+def statement(
+    stored_key: str, rate: Rate, cost: int, now: float, count_denied: bool = True
+) -> tuple[Named, dict[str, object]]:
+    """The one atomic statement deciding a hit under `rate`, with its parameters.
+
+    For the fixed window this is the database-clock form (the app-clock form
+    is the positional hot path in `quota._limiter`). Every float parameter is
+    computed here once, so all stores start from the same doubles.
+    """
+    params: dict[str, object] = {
+        "client_key": stored_key, "window": rate.window, "cost": float(cost), "now": now,
+    }  # fmt: skip
+    algorithm = rate.algorithm
+    if algorithm == FIXED_WINDOW:
+        params.update(cost=cost, limit=rate.limit)
+        return (_sql.HIT_DB_CLOCK if count_denied else _sql.HIT_DB_CLOCK_CAPPED), params
+    params["bucket_key"] = state_key(algorithm, rate.window, stored_key)
+    if algorithm == SLIDING_WINDOW:
+        ws = window_start(now, rate.window)
+        params.update(ws=ws, weight=sliding_weight(now, ws, rate.window), limit=float(rate.limit))
+        return _sql.SLIDING_WINDOW, params
+    if algorithm == TOKEN_BUCKET:
+        params.update(capacity=float(rate.capacity), rate=rate.rate)
+        return _sql.TOKEN_BUCKET, params
+    increment, tolerance = gcra_params(rate, cost)
+    params.update(increment=increment, tolerance=tolerance)
+    return _sql.GCRA, params
+
+
+def decide_rows(
+    key: str, rate: Rate, cost: int, now: float, rows: Sequence[Sequence[Any]]
+) -> Decision:
+    """The decision from the rows `statement` returned.
+
+    The time the statement used comes back with its rows (it is the
+    database's with ``clock="database"``); `now` is the app's, used only when
+    a capped fixed window denied and so returned no row.
+    """
+    algorithm = rate.algorithm
+    if algorithm == FIXED_WINDOW:
+        if not rows:
+            start = int(window_start(now, rate.window))
+            return decide(key, rate.limit, rate.window, start, now, None)
+        count, start, now = rows[0]
+        return decide(key, rate.limit, rate.window, int(start), float(now), int(count))
+    row = rows[0]
+    now = float(row[-1])
+    allowed = bool(row[-2])
+    if algorithm == SLIDING_WINDOW:
+        state = (float(row[0]), float(row[1]), float(row[2]))
+        return sliding_decision(key, rate, cost, now, state, allowed)
+    if algorithm == TOKEN_BUCKET:
+        return bucket_decision(key, rate, cost, now, float(row[0]), allowed)
+    return gcra_decision(key, rate, cost, now, float(row[0]), allowed)
