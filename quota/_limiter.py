@@ -54,6 +54,13 @@ class Options:
             raise ConfigurationError(
                 f"clock must be a callable returning epoch seconds or 'database', got {self.clock!r}"
             )
+        check_int("pool_size", self.pool_size, maximum=1000)
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, (int, float))
+            or not (0 < self.timeout <= 3600)
+        ):
+            raise ConfigurationError(f"timeout must be seconds in (0, 3600], got {self.timeout!r}")
 
     @property
     def database_clock(self) -> bool:
@@ -63,13 +70,6 @@ class Options:
     def app_clock(self) -> Clock:
         """The clock read in the app: time.time under the database clock (for peek and fallbacks)."""
         return self.clock if callable(self.clock) else time.time
-        check_int("pool_size", self.pool_size, maximum=1000)
-        if (
-            isinstance(self.timeout, bool)
-            or not isinstance(self.timeout, (int, float))
-            or not (0 < self.timeout <= 3600)
-        ):
-            raise ConfigurationError(f"timeout must be seconds in (0, 3600], got {self.timeout!r}")
 
 
 def _check_cost(cost: object, limit: object) -> int:
