@@ -31,7 +31,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from quota import _sql
-from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, _decision, check_int, decide
+from quota._core import (
+    MAX_LIMIT,
+    MAX_WINDOW,
+    Decision,
+    _decision,
+    check_int,
+    decide,
+    hit_params,
+    stored_key,
+)
 from quota._errors import ConfigurationError
 from quota._sql import Named
 
@@ -292,6 +301,37 @@ def statement(
     return _sql.GCRA, params
 
 
+def plan(
+    key: str, rate: Rate, cost: int, now: float, *, count_denied: bool, database_clock: bool
+) -> tuple[str | Named, Sequence[Any] | dict[str, object]]:
+    """The statement and parameters deciding one hit of `key` under `rate`.
+
+    The fixed window on the app clock is the positional hot statement; every
+    other case is a named one (see `statement`). `rate.check_cost` must have
+    passed.
+    """
+    if rate.algorithm == FIXED_WINDOW and not database_clock:
+        params = hit_params(key, rate.limit, rate.window, now, cost)
+        return (_sql.HIT, params) if count_denied else (_sql.HIT_CAPPED, (*params, rate.limit))
+    return statement(stored_key(key), rate, cost, now, count_denied)
+
+
+def open_decision(key: str, rate: Rate, cost: int, now: float) -> Decision:
+    """Fail open: allow, when neither the store nor the memory fallback could decide."""
+    start = int(window_start(now, rate.window))
+    remaining = max(0, rate.capacity - cost)
+    return _decision(True, key, rate.capacity, remaining, cost, rate.window, start + rate.window, 0)
+
+
+def closed_decision(key: str, rate: Rate, now: float, retry_after: int) -> Decision:
+    """Fail closed: deny while the store is down (a login limit must not open up in an outage)."""
+    start = int(window_start(now, rate.window))
+    reset_at = start + rate.window
+    return _decision(
+        False, key, rate.capacity, 0, rate.capacity, rate.window, reset_at, retry_after
+    )
+
+
 def decide_rows(
     key: str, rate: Rate, cost: int, now: float, rows: Sequence[Sequence[Any]]
 ) -> Decision:
@@ -303,9 +343,9 @@ def decide_rows(
     """
     algorithm = rate.algorithm
     if algorithm == FIXED_WINDOW:
-        if not rows:
+        if not rows or len(rows[0]) == 1:  # the positional statement, or a capped denial
             start = int(window_start(now, rate.window))
-            return decide(key, rate.limit, rate.window, start, now, None)
+            return decide(key, rate.limit, rate.window, start, now, rows[0][0] if rows else None)
         count, start, now = rows[0]
         return decide(key, rate.limit, rate.window, int(start), float(now), int(count))
     row = rows[0]

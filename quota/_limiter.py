@@ -8,21 +8,30 @@ than the hot path are generators in `quota._ops`, driven by the store.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
 from quota import _algorithms, _ops, _sql
-from quota._algorithms import FIXED_WINDOW, Rate
+from quota._algorithms import FIXED_WINDOW, Rate, closed_decision, open_decision
 from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, decide, hit_params, stored_key
 from quota._errors import ConfigurationError
 from quota._ops import CleanupResult, Usage
 from quota._policy import as_rates, most_restrictive
+from quota._resilience import (
+    AsyncResilientStore,
+    Fallback,
+    ResilientStore,
+    StoreDown,
+    retry_after_down,
+)
 from quota._store import AsyncStore, SyncStore
 from quota._url import StoreURL, parse_url
 
 Clock = Callable[[], float]
+log = logging.getLogger("quota")
 #: ``clock="database"``: take the time from the database inside each statement.
 DATABASE_CLOCK = "database"
 
@@ -46,6 +55,8 @@ class Options:
     """Most connections an async PostgreSQL store opens."""
     timeout: float = 10.0
     """Seconds to wait for a connection (PostgreSQL) or a write lock (SQLite busy timeout)."""
+    fallback: Fallback | None = None
+    """Fail open to an in-memory store while the database is down; None raises instead."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.count_denied, bool):
@@ -61,6 +72,8 @@ class Options:
             or not (0 < self.timeout <= 3600)
         ):
             raise ConfigurationError(f"timeout must be seconds in (0, 3600], got {self.timeout!r}")
+        if self.fallback is not None and not isinstance(self.fallback, Fallback):
+            raise ConfigurationError(f"fallback must be a quota.Fallback, got {self.fallback!r}")
 
     @property
     def database_clock(self) -> bool:
@@ -91,10 +104,12 @@ class Limiter:
         # The positional fixed-window statement is the hot path; everything
         # else (other algorithms, the database clock) goes through _decide.
         self._fast = not options.database_clock
+        self._fallback = options.fallback
+        self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
 
     def rate_limit(
         self, key: str, limit: int, window: int, *, cost: int = 1,
-        algorithm: str = FIXED_WINDOW, burst: int | None = None,
+        algorithm: str = FIXED_WINDOW, burst: int | None = None, fail_closed: bool = False,
     ) -> Decision:  # fmt: skip
         """Count one hit on `key` and decide: at most `limit` hits per `window` seconds.
 
@@ -103,38 +118,61 @@ class Limiter:
         the capacity of the last two (default `limit`). One atomic statement
         per call. Raises `ConfigurationError` for bad arguments (a `cost` the
         limit can never allow included), `StorageError` when the database
-        fails, `SchemaError` when the tables are missing.
+        fails, `SchemaError` when the tables are missing; with a `fallback`
+        (see `quota.connect`) it never raises for the database: memory
+        decides while it is down, and a `fail_closed` call is denied instead.
         """
-        if algorithm != FIXED_WINDOW or not self._fast:
+        if algorithm != FIXED_WINDOW or not self._fast or fail_closed:
             rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
-            return self._decide(key, rate, cost)
+            return self._decide(key, rate, cost, fail_closed)
         now = self._clock()
         params = hit_params(
             key, limit, window, now, cost if cost == 1 else _check_cost(cost, limit)
         )
-        if self._count_denied:
-            rows = self.store.execute(_sql.HIT, params)
-        else:
-            rows = self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        try:
+            if self._count_denied:
+                rows = self.store.execute(_sql.HIT, params)
+            else:
+                rows = self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        except Exception:
+            if self._fallback is None:
+                raise
+            return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
         return decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
 
-    def hit(self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1) -> Decision:
+    def hit(
+        self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1,
+        fail_closed: bool = False,
+    ) -> Decision:  # fmt: skip
         """Count one hit on `key` under each of `rates` and return the most restrictive decision.
 
         `rates` is a `Rate`, several, or a rate string (``"100/minute;1000/day"``).
         Each rate counts on its own; for all-or-nothing across several limits
         use `check`.
         """
-        decisions = [self._decide(key, rate, cost) for rate in as_rates(rates)]
+        decisions = [self._decide(key, rate, cost, fail_closed) for rate in as_rates(rates)]
         return decisions[0] if len(decisions) == 1 else most_restrictive(decisions)
 
-    def _decide(self, key: str, rate: Rate, cost: int) -> Decision:
-        if rate.algorithm == FIXED_WINDOW and self._fast:
-            return self.rate_limit(key, rate.limit, rate.window, cost=cost)
+    def _decide(self, key: str, rate: Rate, cost: int, fail_closed: bool = False) -> Decision:
         rate.check_cost(cost)
         now = self._clock()
-        named, params = _algorithms.statement(stored_key(key), rate, cost, now, self._count_denied)
-        return _algorithms.decide_rows(key, rate, cost, now, self.store.execute(named, params))
+        sql, params = _algorithms.plan(
+            key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
+        )
+        strict = fail_closed and self._fallback is not None
+        try:
+            rows = (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
+        except StoreDown:
+            return closed_decision(key, rate, now, self._retry_down)
+        except Exception:
+            if self._fallback is None:
+                raise
+            return self._fail_open(key, rate, cost, now)
+        return _algorithms.decide_rows(key, rate, cost, now, rows)
+
+    def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
+        log.exception("quota: neither the store nor the memory fallback decided; allowing")
+        return open_decision(key, rate, cost, now)
 
     def peek(
         self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
@@ -201,39 +239,60 @@ class AsyncLimiter:
         # The positional fixed-window statement is the hot path; everything
         # else (other algorithms, the database clock) goes through _decide.
         self._fast = not options.database_clock
+        self._fallback = options.fallback
+        self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
 
     async def rate_limit(
         self, key: str, limit: int, window: int, *, cost: int = 1,
-        algorithm: str = FIXED_WINDOW, burst: int | None = None,
+        algorithm: str = FIXED_WINDOW, burst: int | None = None, fail_closed: bool = False,
     ) -> Decision:  # fmt: skip
         """Count one hit on `key` and decide; see `Limiter.rate_limit`."""
-        if algorithm != FIXED_WINDOW or not self._fast:
+        if algorithm != FIXED_WINDOW or not self._fast or fail_closed:
             rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
-            return await self._decide(key, rate, cost)
+            return await self._decide(key, rate, cost, fail_closed)
         now = self._clock()
         params = hit_params(
             key, limit, window, now, cost if cost == 1 else _check_cost(cost, limit)
         )
-        if self._count_denied:
-            rows = await self.store.execute(_sql.HIT, params)
-        else:
-            rows = await self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        try:
+            if self._count_denied:
+                rows = await self.store.execute(_sql.HIT, params)
+            else:
+                rows = await self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        except Exception:
+            if self._fallback is None:
+                raise
+            return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
         return decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
 
-    async def hit(self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1) -> Decision:
+    async def hit(
+        self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1,
+        fail_closed: bool = False,
+    ) -> Decision:  # fmt: skip
         """See `Limiter.hit`."""
-        decisions = [await self._decide(key, rate, cost) for rate in as_rates(rates)]
+        decisions = [await self._decide(key, rate, cost, fail_closed) for rate in as_rates(rates)]
         return decisions[0] if len(decisions) == 1 else most_restrictive(decisions)
 
-    async def _decide(self, key: str, rate: Rate, cost: int) -> Decision:
-        if rate.algorithm == FIXED_WINDOW and self._fast:
-            return await self.rate_limit(key, rate.limit, rate.window, cost=cost)
+    async def _decide(self, key: str, rate: Rate, cost: int, fail_closed: bool = False) -> Decision:
         rate.check_cost(cost)
         now = self._clock()
-        named, params = _algorithms.statement(stored_key(key), rate, cost, now, self._count_denied)
-        return _algorithms.decide_rows(
-            key, rate, cost, now, await self.store.execute(named, params)
+        sql, params = _algorithms.plan(
+            key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
         )
+        strict = fail_closed and self._fallback is not None
+        try:
+            rows = await (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
+        except StoreDown:
+            return closed_decision(key, rate, now, self._retry_down)
+        except Exception:
+            if self._fallback is None:
+                raise
+            return self._fail_open(key, rate, cost, now)
+        return _algorithms.decide_rows(key, rate, cost, now, rows)
+
+    def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
+        log.exception("quota: neither the store nor the memory fallback decided; allowing")
+        return open_decision(key, rate, cost, now)
 
     async def peek(
         self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
@@ -289,37 +348,70 @@ def _options(**kwargs: object) -> Options:
         raise ConfigurationError(str(exc)) from exc
 
 
+def _fallback(fallback: object) -> Fallback | None:
+    if fallback is True:
+        return Fallback()
+    if fallback is False or fallback is None:
+        return None
+    if isinstance(fallback, Fallback):
+        return fallback
+    raise ConfigurationError(f"fallback must be a bool or a quota.Fallback, got {fallback!r}")
+
+
 def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
-    """The sync store for `parsed`."""
+    """The sync store for `parsed`, wrapped in the memory fallback when one is configured."""
     parsed.driver_for(asynchronous=False)
+    fallback = options.fallback
+    # Under a fallback a slow database must not make a slow request: the
+    # store's own waits shrink to the fallback's time budget.
+    timeout = fallback.timeout if fallback else options.timeout
+    store: SyncStore
     if parsed.dialect == "sqlite":
         from quota._sqlite import SQLiteStore
 
-        return SQLiteStore(
-            parsed.target, parsed.url, busy_timeout=options.timeout, db_clock=options.database_clock
+        store = SQLiteStore(
+            parsed.target, parsed.url, busy_timeout=timeout, db_clock=options.database_clock
         )
-    from quota._postgres import PostgresStore
+    else:
+        from quota._postgres import PostgresStore
 
-    return PostgresStore(
-        parsed.target, parsed.url, connect_timeout=options.timeout, db_clock=options.database_clock
-    )
+        store = PostgresStore(
+            parsed.target, parsed.url, connect_timeout=options.timeout,
+            db_clock=options.database_clock, statement_timeout=fallback.timeout if fallback else None,
+        )  # fmt: skip
+    if fallback is None:
+        return store
+    from quota._memory import MemoryStore
+
+    return ResilientStore(store, MemoryStore(max_keys=fallback.max_keys), fallback, parsed.url)
 
 
 def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
-    """The async store for `parsed`."""
+    """The async store for `parsed`, wrapped in the memory fallback when one is configured."""
     parsed.driver_for(asynchronous=True)
+    fallback = options.fallback
+    store: AsyncStore
     if parsed.dialect == "sqlite":
         from quota._sqlite import AsyncSQLiteStore
 
-        return AsyncSQLiteStore(
-            parsed.target, parsed.url, busy_timeout=options.timeout, db_clock=options.database_clock
-        )
-    from quota._postgres import AsyncPostgresStore
+        store = AsyncSQLiteStore(
+            parsed.target, parsed.url, busy_timeout=fallback.timeout if fallback else options.timeout,
+            db_clock=options.database_clock,
+        )  # fmt: skip
+    else:
+        from quota._postgres import AsyncPostgresStore
 
-    return AsyncPostgresStore(
-        parsed.target, parsed.url, pool_size=options.pool_size, connect_timeout=options.timeout,
-        db_clock=options.database_clock,
-    )  # fmt: skip
+        store = AsyncPostgresStore(
+            parsed.target, parsed.url, pool_size=options.pool_size, connect_timeout=options.timeout,
+            db_clock=options.database_clock,
+        )  # fmt: skip
+    if fallback is None:
+        return store
+    from quota._memory import AsyncMemoryStore
+
+    return AsyncResilientStore(
+        store, AsyncMemoryStore(max_keys=fallback.max_keys), fallback, parsed.url
+    )
 
 
 def connect(
@@ -329,6 +421,7 @@ def connect(
     clock: Clock | str = time.time,
     pool_size: int = 10,
     timeout: float = 10.0,
+    fallback: bool | Fallback = False,
 ) -> Limiter:
     """A synchronous `Limiter` for the database at `url`.
 
@@ -336,8 +429,17 @@ def connect(
     ``postgres`` extra). Connections open on first use. Raises
     `ConfigurationError` for an unknown scheme (listing the known ones) or an
     async driver (``+aiosqlite``, ``+asyncpg``: use `connect_async`).
+
+    With ``fallback=True`` (or a `quota.Fallback`) the limiter never raises
+    for the database: an in-memory store decides while it errors, times out
+    or is unreachable, a background probe switches back when it answers, and
+    the fixed-window hits of the outage are written back. Use it in request
+    paths; `fail_closed=True` on a call denies instead while the store is down.
     """
-    options = _options(count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout)
+    options = _options(
+        count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
+        fallback=_fallback(fallback),
+    )  # fmt: skip
     return Limiter(open_sync_store(parse_url(url), options), options)
 
 
@@ -348,6 +450,7 @@ def connect_async(
     clock: Clock | str = time.time,
     pool_size: int = 10,
     timeout: float = 10.0,
+    fallback: bool | Fallback = False,
 ) -> AsyncLimiter:
     """An `AsyncLimiter` for the database at `url`.
 
@@ -355,5 +458,8 @@ def connect_async(
     ``postgresql://…`` or ``postgresql+asyncpg://…`` (asyncpg pool of at most
     `pool_size` connections). Connections open on first use.
     """
-    options = _options(count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout)
+    options = _options(
+        count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
+        fallback=_fallback(fallback),
+    )  # fmt: skip
     return AsyncLimiter(open_async_store(parse_url(url), options), options)

@@ -216,8 +216,9 @@ class PostgresStore:
     dialect = "postgresql"
 
     def __init__(
-        self, dsn: str, url: str, *, connect_timeout: float = 10.0, db_clock: bool = False
-    ) -> None:
+        self, dsn: str, url: str, *, connect_timeout: float = 10.0, db_clock: bool = False,
+        statement_timeout: float | None = None,
+    ) -> None:  # fmt: skip
         try:
             import psycopg
         except ImportError as exc:
@@ -230,6 +231,13 @@ class PostgresStore:
         self.db_clock = db_clock
         self._dsn = dsn
         self._connect_timeout = connect_timeout
+        # Server-side bound on each statement (and lock wait), for the fallback's time budget.
+        self._options = (
+            f"-c statement_timeout={max(1, int(statement_timeout * 1000))}"
+            f" -c lock_timeout={max(1, int(statement_timeout * 1000))}"
+            if statement_timeout
+            else None
+        )
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[psycopg.Connection[Any]] = []
@@ -237,9 +245,10 @@ class PostgresStore:
 
     def _open(self) -> psycopg.Connection[Any]:
         try:
+            extra: dict[str, Any] = {"options": self._options} if self._options else {}
             conn = self._psycopg.connect(
                 self._dsn, autocommit=True, prepare_threshold=0,
-                connect_timeout=max(1, int(self._connect_timeout)),
+                connect_timeout=max(1, int(self._connect_timeout)), **extra,
             )  # fmt: skip
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc

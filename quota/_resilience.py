@@ -1,0 +1,293 @@
+"""Never break the request path: a store wrapper that falls back to memory.
+
+`ResilientStore` (sync) and `AsyncResilientStore` wrap the database store and
+an in-memory store with the same algorithms. While the database answers,
+every statement goes to it. The first failure (an error, a timeout, a
+refused connection) marks it down, logs one line, and from then on every
+statement goes straight to memory: no per-request connection attempts pile
+up. A background probe (a daemon thread for the sync face, a task for the
+async one) retries the database every `probe_interval` seconds; when it
+answers, the fixed-window hits counted in memory during the outage are added
+to the same windows in the database (those still running), and decisions
+come from the database again. Each transition is logged once.
+
+The limiter above this wrapper turns any error that still escapes (memory
+failing too) into an allowed decision, and answers fail-closed calls with a
+denial while the store is down; see `quota._limiter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from quota import _sql
+from quota._errors import ConfigurationError, QuotaError, StorageError
+from quota._sql import Named
+from quota._store import AsyncStore, Rows, Statement, SyncStore
+
+T = TypeVar("T")
+log = logging.getLogger("quota")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fallback:
+    """Fail-open settings; pass ``fallback=Fallback(...)`` (or ``True``) to `quota.connect`."""
+
+    timeout: float = 0.05
+    """Seconds one store call may take before memory decides instead."""
+    probe_interval: float = 1.0
+    """Seconds between attempts to reach a store that is down."""
+    max_keys: int = 100_000
+    """Most keys the in-memory fallback holds (least recently used go first)."""
+
+    def __post_init__(self) -> None:
+        for name in ("timeout", "probe_interval"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value <= 600
+            ):
+                raise ConfigurationError(f"{name} must be seconds in (0, 600], got {value!r}")
+        if type(self.max_keys) is not int or self.max_keys < 1:
+            raise ConfigurationError(f"max_keys must be a positive integer, got {self.max_keys!r}")
+
+
+class StoreDown(StorageError):
+    """The store is down and this call may not fall back (a fail-closed limit)."""
+
+
+class _Health:
+    """Up/down state, the transition log lines, and hits owed to the database."""
+
+    def __init__(self, url: str, settings: Fallback) -> None:
+        self.url = url
+        self.settings = settings
+        self.up = True
+        self.since = time.monotonic()
+        self.last_error: BaseException | None = None
+        self._lock = threading.Lock()
+        # bucket_key -> [client_key, window_start, window, cost, window_end]
+        self._owed: dict[str, list[Any]] = {}
+
+    def mark_down(self, exc: BaseException) -> bool:
+        """Record a failure; True if this call flipped the state (start a probe)."""
+        with self._lock:
+            self.last_error = exc
+            if not self.up:
+                return False
+            self.up = False
+            self.since = time.monotonic()
+        log.warning(
+            "quota: store %s is down (%s: %s); deciding from memory until it answers",
+            self.url, type(exc).__name__, exc,
+        )  # fmt: skip
+        return True
+
+    def mark_up(self, reconciled: int) -> None:
+        with self._lock:
+            self.up = True
+            down_for = time.monotonic() - self.since
+            self.since = time.monotonic()
+        log.warning(
+            "quota: store %s is back after %.1fs; %d window(s) of outage hits written back",
+            self.url, down_for, reconciled,
+        )  # fmt: skip
+
+    def owe(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any], rows: Rows) -> None:
+        """Remember a fixed-window hit memory counted, to add it to the database later."""
+        if sql is _sql.HIT or (sql is _sql.HIT_CAPPED and rows):
+            bucket_key, client_key, start, window, cost, _now = params[:6]  # type: ignore[index]
+            with self._lock:
+                entry = self._owed.get(bucket_key)
+                if entry is None:
+                    self._owed[bucket_key] = [client_key, start, window, cost, start + window]
+                else:
+                    entry[3] += cost
+
+    def take_owed(self, now: float) -> list[Statement]:
+        """The statements that write owed hits of still-running windows back; clears the debt."""
+        with self._lock:
+            owed, self._owed = self._owed, {}
+        return [
+            (_sql.HIT, (bucket_key, client_key, start, window, cost, now))
+            for bucket_key, (client_key, start, window, cost, end) in sorted(owed.items())
+            if end > now
+        ]
+
+
+class ResilientStore:
+    """A sync store that never raises `StorageError`: memory decides while the database is down."""
+
+    def __init__(self, primary: SyncStore, memory: SyncStore, settings: Fallback, url: str) -> None:
+        self.primary = primary
+        self.memory = memory
+        self.dialect = primary.dialect
+        self.health = _Health(url, settings)
+        self._probe: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    @property
+    def up(self) -> bool:
+        return self.health.up
+
+    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        if self.health.up:
+            try:
+                return self.primary.execute(sql, params)
+            except QuotaError as exc:
+                if isinstance(exc, ConfigurationError):
+                    raise
+                self._down(exc)
+        rows = self.memory.execute(sql, params)
+        self.health.owe(sql, params, rows)
+        return rows
+
+    def execute_strict(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        """`execute` without the fallback: raise `StoreDown` while the store is down."""
+        if not self.health.up:
+            raise StoreDown(f"store {self.health.url} is down")
+        try:
+            return self.primary.execute(sql, params)
+        except QuotaError as exc:
+            if isinstance(exc, ConfigurationError):
+                raise
+            self._down(exc)
+            raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
+
+    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        # Multi-statement operations (cleanup, reset, durable quotas) are not
+        # request-path decisions: they go to the database and may raise.
+        return self.primary.run(op, transaction=transaction)
+
+    def _down(self, exc: BaseException) -> None:
+        if self.health.mark_down(exc) and not self._closed.is_set():
+            self._probe = threading.Thread(target=self._probe_loop, name="quota-probe", daemon=True)
+            self._probe.start()
+
+    def _probe_loop(self) -> None:
+        while not self._closed.wait(self.health.settings.probe_interval):
+            try:
+                self.primary.execute(_sql.SCHEMA_VERSION, ())
+                owed = self.health.take_owed(time.time())
+                for sql, params in owed:
+                    self.primary.execute(sql, params)
+            except Exception as exc:
+                self.health.last_error = exc
+                continue
+            self.health.mark_up(len(owed))
+            # Hits memory took between the write-back and the switch.
+            for sql, params in self.health.take_owed(time.time()):
+                try:
+                    self.primary.execute(sql, params)
+                except Exception:  # pragma: no cover - lost only if it fails at once again
+                    log.debug("quota: late write-back failed", exc_info=True)
+            return
+
+    def close(self) -> None:
+        self._closed.set()
+        self.primary.close()
+        self.memory.close()
+
+
+class AsyncResilientStore:
+    """The async twin of `ResilientStore`; its probe is a task on the running loop."""
+
+    def __init__(
+        self, primary: AsyncStore, memory: AsyncStore, settings: Fallback, url: str
+    ) -> None:
+        self.primary = primary
+        self.memory = memory
+        self.dialect = primary.dialect
+        self.health = _Health(url, settings)
+        self._probe: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def up(self) -> bool:
+        return self.health.up
+
+    async def _primary(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        try:
+            return await asyncio.wait_for(
+                self.primary.execute(sql, params), self.health.settings.timeout
+            )
+        except TimeoutError as exc:
+            raise StorageError(
+                f"store {self.health.url} took longer than {self.health.settings.timeout}s"
+            ) from exc
+
+    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        if self.health.up:
+            try:
+                return await self._primary(sql, params)
+            except QuotaError as exc:
+                if isinstance(exc, ConfigurationError):
+                    raise
+                self._down(exc)
+        rows = await self.memory.execute(sql, params)
+        self.health.owe(sql, params, rows)
+        return rows
+
+    async def execute_strict(
+        self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]
+    ) -> Rows:
+        """`execute` without the fallback: raise `StoreDown` while the store is down."""
+        if not self.health.up:
+            raise StoreDown(f"store {self.health.url} is down")
+        try:
+            return await self._primary(sql, params)
+        except QuotaError as exc:
+            if isinstance(exc, ConfigurationError):
+                raise
+            self._down(exc)
+            raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
+
+    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        return await self.primary.run(op, transaction=transaction)
+
+    def _down(self, exc: BaseException) -> None:
+        if self.health.mark_down(exc) and not self._closed:
+            self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.health.settings.probe_interval)
+            try:
+                await self._primary(_sql.SCHEMA_VERSION, ())
+                owed = self.health.take_owed(time.time())
+                for sql, params in owed:
+                    await self.primary.execute(sql, params)
+            except Exception as exc:
+                self.health.last_error = exc
+                continue
+            self.health.mark_up(len(owed))
+            for sql, params in self.health.take_owed(time.time()):
+                try:
+                    await self.primary.execute(sql, params)
+                except Exception:  # pragma: no cover
+                    log.debug("quota: late write-back failed", exc_info=True)
+            return
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
+            try:
+                await self._probe
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self.primary.aclose()
+        await self.memory.aclose()
+
+
+def retry_after_down(settings: Fallback) -> int:
+    """The Retry-After a fail-closed denial gives while the store is down: the next probe."""
+    return max(1, math.ceil(settings.probe_interval))
