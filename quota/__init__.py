@@ -11,23 +11,29 @@ See README.md for the async face, migrations and the CLI.
 
 from __future__ import annotations
 
+from quota._algorithms import ALGORITHMS, Rate
 from quota._core import Decision
 from quota._default import rate_limit, rate_limit_async
 from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
 from quota._migrate import current_revision, downgrade, migrate
 from quota._ops import CleanupResult, Usage
+from quota._policy import parse_rates
+from quota._resilience import Fallback
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALGORITHMS",
     "AsyncLimiter",
     "CleanupResult",
     "ConfigurationError",
     "Decision",
+    "Fallback",
     "Limiter",
     "Options",
     "QuotaError",
+    "Rate",
     "SchemaError",
     "StorageError",
     "Usage",
@@ -36,6 +42,7 @@ __all__ = [
     "current_revision",
     "downgrade",
     "migrate",
+    "parse_rates",
     "rate_limit",
     "rate_limit_async",
 ]

@@ -403,7 +403,7 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
 
         store = AsyncPostgresStore(
             parsed.target, parsed.url, pool_size=options.pool_size, connect_timeout=options.timeout,
-            db_clock=options.database_clock,
+            db_clock=options.database_clock, statement_timeout=fallback.timeout if fallback else None,
         )  # fmt: skip
     if fallback is None:
         return store

@@ -62,10 +62,13 @@ class _Pool:
     connection found closed on release is dropped; its slot reopens on demand.
     """
 
-    def __init__(self, dsn: str, size: int, timeout: float) -> None:
+    def __init__(
+        self, dsn: str, size: int, timeout: float, wait_timeout: float | None = None
+    ) -> None:
         self._dsn = dsn
         self._size = size
         self._timeout = timeout
+        self._wait_timeout = wait_timeout
         self._idle: list[asyncpg.Connection] = []
         self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
         self._open = 0
@@ -92,7 +95,10 @@ class _Pool:
             )
             self._waiters.append(waiter)
             try:
-                handed = await waiter
+                if self._wait_timeout is None:
+                    handed = await waiter
+                else:  # all connections busy: a bounded wait under a fallback's budget
+                    handed = await asyncio.wait_for(waiter, self._wait_timeout)
             except BaseException:
                 # Cancelled just as a connection was handed over: pass it on.
                 if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
@@ -131,11 +137,14 @@ class AsyncPostgresStore:
 
     def __init__(
         self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
-        db_clock: bool = False,
+        db_clock: bool = False, statement_timeout: float | None = None,
     ) -> None:  # fmt: skip
         self.url = url
         self.db_clock = db_clock
         self._dsn = dsn
+        # asyncpg's own per-query timeout: it cancels the query on the server
+        # and leaves the connection usable (a fallback's time budget).
+        self._statement_timeout = statement_timeout
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._pool: _Pool | None = None
@@ -147,7 +156,7 @@ class AsyncPostgresStore:
         async with self._starting:
             if self._pool is not None:
                 return self._pool
-            pool = _Pool(self._dsn, self._pool_size, self._connect_timeout)
+            pool = _Pool(self._dsn, self._pool_size, self._connect_timeout, self._statement_timeout)
             try:
                 conn = await pool.acquire()
                 try:
@@ -179,7 +188,7 @@ class AsyncPostgresStore:
             sql, params = _sql.bind(sql, params, "numeric_dollar", "postgresql", self.db_clock)  # type: ignore[arg-type]
         pool, conn = await self._acquire()
         try:
-            return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
+            return await conn.fetch(sql, *params, timeout=self._statement_timeout)  # type: ignore[no-any-return]
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
         finally:

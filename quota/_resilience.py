@@ -19,6 +19,7 @@ denial while the store is down; see `quota._limiter`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
@@ -208,33 +209,52 @@ class AsyncResilientStore:
         self.dialect = primary.dialect
         self.health = _Health(url, settings)
         self._probe: asyncio.Task[None] | None = None
+        self._warm: asyncio.Task[Rows] | None = None
         self._closed = False
 
     @property
     def up(self) -> bool:
         return self.health.up
 
-    async def _primary(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        try:
-            return await asyncio.wait_for(
-                self.primary.execute(sql, params), self.health.settings.timeout
-            )
-        except TimeoutError as exc:
-            raise StorageError(
-                f"store {self.health.url} took longer than {self.health.settings.timeout}s"
-            ) from exc
-
     async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         if self.health.up:
+            if self._warm is None or not self._warm.done():
+                if not await self._warmed():
+                    return await self._memory(sql, params)
             try:
-                return await self._primary(sql, params)
+                # The store's own timeouts (asyncpg's per-query timeout, the
+                # SQLite busy timeout) hold each call to the budget.
+                return await self.primary.execute(sql, params)
             except QuotaError as exc:
                 if isinstance(exc, ConfigurationError):
                     raise
                 self._down(exc)
+        return await self._memory(sql, params)
+
+    async def _memory(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         rows = await self.memory.execute(sql, params)
         self.health.owe(sql, params, rows)
         return rows
+
+    async def _warmed(self) -> bool:
+        """Start the store (its first connection) without making a request wait past the budget.
+
+        The first call starts the connection in a task and waits for it at
+        most one budget; until it is done, memory decides. A failed start
+        marks the store down like any other failure.
+        """
+        if self._warm is None:
+            self._warm = asyncio.get_running_loop().create_task(
+                self.primary.execute(_sql.SCHEMA_VERSION, ())
+            )
+        try:
+            await asyncio.wait_for(asyncio.shield(self._warm), self.health.settings.timeout)
+        except asyncio.TimeoutError:
+            return False
+        except Exception as exc:
+            self._down(exc)
+            return False
+        return True
 
     async def execute_strict(
         self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]
@@ -243,7 +263,7 @@ class AsyncResilientStore:
         if not self.health.up:
             raise StoreDown(f"store {self.health.url} is down")
         try:
-            return await self._primary(sql, params)
+            return await self.primary.execute(sql, params)
         except QuotaError as exc:
             if isinstance(exc, ConfigurationError):
                 raise
@@ -261,7 +281,7 @@ class AsyncResilientStore:
         while not self._closed:
             await asyncio.sleep(self.health.settings.probe_interval)
             try:
-                await self._primary(_sql.SCHEMA_VERSION, ())
+                await self.primary.execute(_sql.SCHEMA_VERSION, ())
                 owed = self.health.take_owed(time.time())
                 for sql, params in owed:
                     await self.primary.execute(sql, params)
@@ -278,12 +298,12 @@ class AsyncResilientStore:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._probe is not None and not self._probe.done():
-            self._probe.cancel()
-            try:
-                await self._probe
-            except (asyncio.CancelledError, Exception):
-                pass
+        for task in (self._probe, self._warm):
+            if task is not None and not task.done():
+                task.cancel()
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         await self.primary.aclose()
         await self.memory.aclose()
 
