@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from quota._errors import SchemaError
 
 #: Every revision this code knows, oldest first.
-REVISIONS: tuple[str, ...] = ("0001_counters",)
+REVISIONS: tuple[str, ...] = ("0001_counters", "0002_quotas")
 #: The revision this code needs at least.
 REQUIRED = REVISIONS[-1]
 
@@ -29,6 +29,58 @@ counters = sa.Table(
     sa.Column("window_seconds", sa.Integer, nullable=False),
     sa.Column("count", sa.BigInteger, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+#: Durable quotas (revision 0002_quotas): usage per period, and the ledger.
+quota_usage = sa.Table(
+    "quota_usage",
+    metadata,
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("period_start", sa.BigInteger, nullable=False),
+    sa.Column("period_end", sa.BigInteger, nullable=False),
+    sa.Column("period", sa.Text, nullable=False),
+    sa.Column("tz", sa.Text, nullable=True),
+    sa.Column("quota_limit", sa.BigInteger, nullable=True),
+    sa.Column("used", sa.BigInteger, nullable=False),
+    sa.Column("granted", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.PrimaryKeyConstraint("subject", "name", "period_start", name="pk_quota_usage"),
+    sa.CheckConstraint("used >= 0", name="ck_quota_usage_used"),
+    sa.CheckConstraint("granted >= 0", name="ck_quota_usage_granted"),
+)
+
+quota_ledger = sa.Table(
+    "quota_ledger",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("cost", sa.BigInteger, nullable=False),
+    sa.Column("idempotency_key", sa.Text, nullable=True),
+    sa.Column("period_start", sa.BigInteger, nullable=True),
+    sa.Column("period_end", sa.BigInteger, nullable=True),
+    sa.Column("quota_limit", sa.BigInteger, nullable=True),
+    sa.Column("used", sa.BigInteger, nullable=True),
+    sa.Column("remaining", sa.BigInteger, nullable=True),
+    sa.Column("refunded_at", sa.Float, nullable=True),
+    sa.CheckConstraint(
+        "kind IN ('consume', 'deny', 'refund', 'grant', 'rate_denied')",
+        name="ck_quota_ledger_kind",
+    ),
+    sa.Index(
+        "uq_quota_ledger_idempotency",
+        "subject",
+        "name",
+        "idempotency_key",
+        unique=True,
+        sqlite_where=sa.text("kind = 'consume' AND refunded_at IS NULL"),
+        postgresql_where=sa.text("kind = 'consume' AND refunded_at IS NULL"),
+    ),
+    sa.Index("ix_quota_ledger_subject_at", "subject", "at"),
+    sa.Index("ix_quota_ledger_at", "at"),
 )
 
 
