@@ -66,7 +66,8 @@ def reset(stored_key: str, window: int | None) -> Generator[Statement, Rows, int
     """Delete every window and state of a key (of one window length if given); return rows deleted."""
     deleted = 0
     for every, one in (
-        (_sql.RESET_ALL, _sql.RESET_WINDOW),  # PENDING-0003: state table
+        (_sql.RESET_ALL, _sql.RESET_WINDOW),
+        (_sql.STATE_RESET_ALL, _sql.STATE_RESET_WINDOW),
     ):
         rows = yield (every, (stored_key,)) if window is None else (one, (stored_key, window))
         deleted += len(rows)
@@ -101,7 +102,10 @@ def cleanup(
     check_int("batch_size", batch_size, maximum=1_000_000)
     cutoff = int(now) - grace
     # Rate windows end at window_start + window; algorithm state expires at expires_at.
-    tables = ((_sql.COUNT_EXPIRED, _sql.DELETE_EXPIRED),)  # PENDING-0003: state table
+    tables = (
+        (_sql.COUNT_EXPIRED, _sql.DELETE_EXPIRED),
+        (_sql.STATE_COUNT_EXPIRED, _sql.STATE_DELETE_EXPIRED),
+    )
     if dry_run:
         expired = 0
         for count, _ in tables:
