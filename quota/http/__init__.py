@@ -1,0 +1,47 @@
+"""HTTP integration: rate limits for ASGI and WSGI apps, a FastAPI dependency, runtime policies.
+
+::
+
+    from quota.http import HttpConfig, RoutePolicy
+    from quota.http.asgi import QuotaMiddleware        # Starlette, FastAPI, any ASGI app
+    from quota.http.wsgi import QuotaWSGIMiddleware    # Flask, any WSGI app
+    from quota.http.fastapi import RateLimit           # one FastAPI route (needs fastapi)
+
+Importing this package (or `quota.http.asgi`, `quota.http.wsgi`) imports no
+web framework. One pure core (`quota.http._core`) decides; the middlewares
+only translate requests and responses. See README.md, "HTTP integration".
+"""
+
+from __future__ import annotations
+
+from quota.http._core import Metrics
+from quota.http._identity import Identity, RequestInfo, hashed_subject, sign
+from quota.http._policy import (
+    ENV_VARS,
+    HttpConfig,
+    Plans,
+    RoutePolicy,
+    SystemPressure,
+)
+from quota.http._responses import EXPOSE_HEADERS, Denial, HttpResponse
+from quota.http._runtime import PolicyRow, delete_policy, list_policies, set_policy
+
+__all__ = [
+    "ENV_VARS",
+    "EXPOSE_HEADERS",
+    "Denial",
+    "HttpConfig",
+    "HttpResponse",
+    "Identity",
+    "Metrics",
+    "Plans",
+    "PolicyRow",
+    "RequestInfo",
+    "RoutePolicy",
+    "SystemPressure",
+    "delete_policy",
+    "hashed_subject",
+    "list_policies",
+    "set_policy",
+    "sign",
+]

@@ -1,0 +1,478 @@
+"""The HTTP decision core: one sans-I/O flow that the ASGI and WSGI drivers both run.
+
+`Guard.flow(request)` is a generator (the shape of httpx's ``auth_flow``). It
+decides everything that is not I/O (exclusions, route class, identity and
+tier, overrides, scaling, headers, the 429/503 answer) and *yields* the two
+things it needs from outside:
+
+* `LOAD_POLICIES`: read the ``quota_policies`` table (the driver sends back
+  the rows, or throws the exception in);
+* a `Hit`: count a hit with the limiter (the driver sends back the
+  `quota.Decision`, or throws the exception in).
+
+It returns a `Verdict`: a response to send instead of calling the app, or
+headers to add to the app's response. `drive_sync` and `drive_async` are the
+two drivers; the middlewares are thin adapters around them. Nothing in the
+flow raises into a request: a failing limiter becomes the route class's
+fail-open pass or fail-closed 503, a failing hook falls back to the default.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quota._algorithms import Rate
+from quota._core import Decision
+from quota._errors import ConfigurationError
+from quota.http._identity import (
+    ANON,
+    AUTH,
+    TRUSTED,
+    IdentifyHook,
+    Identity,
+    RequestInfo,
+    TokenValidator,
+    client_ip,
+    credential,
+    hashed_subject,
+    verify_signature,
+)
+from quota.http._policy import SAFE_METHODS, HttpConfig, Plans, RoutePolicy, ScaledRates
+from quota.http._responses import (
+    RATE_LIMITED,
+    UNAVAILABLE,
+    Denial,
+    Headers,
+    HttpResponse,
+    ResponseFactory,
+    expose,
+    rate_limit_headers,
+    too_many_requests,
+    unavailable,
+)
+from quota.http._runtime import SELECT, RuntimePolicies
+
+log = logging.getLogger("quota.http")
+
+#: Observer of metric events: ``observer(name, labels)``; see `Metrics`.
+Observer = Callable[[str, Mapping[str, str]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """Effect: count one request on `key` under `rates`."""
+
+    key: str
+    rates: tuple[Rate, ...]
+    cost: int
+
+
+class _LoadPolicies:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LOAD_POLICIES"
+
+
+#: Effect: read the ``quota_policies`` table (``SELECT`` of `quota.http._runtime`).
+LOAD_POLICIES = _LoadPolicies()
+Effect = Hit | _LoadPolicies
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a driver does with a request."""
+
+    response: HttpResponse | None
+    """Send this instead of calling the app; None: call the app."""
+    headers: Headers
+    """Add these to the app's response."""
+    expose: bool = False
+    """Also add their names to ``Access-Control-Expose-Headers`` (merging the app's)."""
+
+
+PASS = Verdict(None, [])
+Flow = Generator[Effect, Any, Verdict]
+
+
+class Metrics:
+    """Counters of what the middleware did, by name and labels; thread-safe.
+
+    Names: ``ratelimit.hits``, ``ratelimit.blocked``, ``ratelimit.shadow_blocked``
+    (route, tier); ``ratelimit.errors`` (route, mode: open/closed);
+    ``ratelimit.hmac_rejected`` (reason); ``ratelimit.exempt`` (route);
+    ``ratelimit.policy_refresh_failed``, ``ratelimit.policy_invalid``,
+    ``ratelimit.hook_failed`` (hook). An `Observer` sees each event as it
+    happens (to feed Prometheus or StatsD); its exceptions are swallowed.
+    """
+
+    def __init__(self, observer: Observer | None = None) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._observer = observer
+
+    def inc(self, name: str, **labels: str) -> None:
+        key = "ratelimit." + name
+        if labels:
+            key += "{" + ",".join(f"{k}={v}" for k, v in labels.items()) + "}"
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+        if self._observer is not None:
+            try:
+                self._observer("ratelimit." + name, labels)
+            except Exception:
+                log.exception("quota: metrics observer failed")
+
+    def snapshot(self) -> dict[str, int]:
+        """Every counter so far, e.g. ``{"ratelimit.blocked{route=api,tier=anon}": 3}``."""
+        with self._lock:
+            return dict(self._counts)
+
+    def get(self, name: str, **labels: str) -> int:
+        key = "ratelimit." + name
+        if labels:
+            key += "{" + ",".join(f"{k}={v}" for k, v in labels.items()) + "}"
+        return self._counts.get(key, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one request is counted as."""
+
+    route: RoutePolicy
+    identity: Identity
+    hit: Hit
+    fail_open: bool
+    shadow: bool
+
+
+def resolve_secret(config: HttpConfig, dialect: str) -> bytes:
+    """The hash secret to use; see `HttpConfig.hash_secret` for the rule without one."""
+    if config.secret is not None:
+        return config.secret
+    if dialect == "postgresql":
+        raise ConfigurationError(
+            "QUOTA_HASH_SECRET (HttpConfig.hash_secret) is required with PostgreSQL: every app"
+            " instance must hash IPs and tokens to the same keys, or each would keep limits of"
+            " its own. Set the same random value (>= 16 bytes) on every instance."
+        )
+    log.warning(
+        "quota: QUOTA_HASH_SECRET is not set; using a random per-process secret. Limits keyed"
+        " by IP or token are then per process and start afresh on restart; set it when"
+        " several processes share the database."
+    )
+    return secrets.token_bytes(32)
+
+
+class Guard:
+    """The decision core of the HTTP layer, shared by every driver; see the module docstring."""
+
+    def __init__(
+        self,
+        config: HttpConfig,
+        *,
+        dialect: str,
+        identify: IdentifyHook | None = None,
+        token_validator: TokenValidator | None = None,
+        response_factory: ResponseFactory | None = None,
+        plans: Plans | None = None,
+        pressure: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.time,
+        observer: Observer | None = None,
+    ) -> None:
+        if not isinstance(config, HttpConfig):
+            raise ConfigurationError(f"config must be an HttpConfig, got {config!r}")
+        self.config = config
+        self.metrics = Metrics(observer)
+        self.plans = plans
+        self.secret = resolve_secret(config, dialect)
+        self.runtime = (
+            RuntimePolicies(config.policy_cache_seconds, metrics=self.metrics.inc)
+            if config.runtime_policies
+            else None
+        )
+        self._identify = identify
+        self._validator = token_validator
+        self._factory = response_factory
+        if config.adaptive and pressure is None:
+            from quota.http._policy import SystemPressure
+
+            pressure = SystemPressure()
+        self._pressure = pressure if config.adaptive else None
+        self.clock = clock
+        self._scaled = ScaledRates()
+        self._limits: dict[int, tuple[tuple[Rate, ...], list[tuple[int, int]]]] = {}
+        self._last_error_log = -1e18
+
+    # -- the flow --------------------------------------------------------------------
+
+    def flow(self, request: RequestInfo) -> Flow:
+        """Decide `request`; see the module docstring for what it yields and returns."""
+        config = self.config
+        if not config.enabled:
+            return PASS
+        method = request.method
+        if config.mutations_only and method in SAFE_METHODS:
+            return PASS
+        if config.excluded(request.path):
+            return PASS
+        route = config.route_for(method, request.path)
+        if route is None or (route.mutations_only and method in SAFE_METHODS):
+            return PASS
+        now = self.clock()
+        runtime = self.runtime
+        if runtime is not None and runtime.claim(now):
+            try:
+                rows = yield LOAD_POLICIES
+            except Exception as exc:
+                runtime.failed(exc)
+            else:
+                runtime.load(rows, now)
+        try:
+            plan = self.plan(route, request, now)
+        except Exception as exc:  # a rate an override made impossible, say
+            return self._failure(route, ANON, request, route.fail_open, exc)
+        if plan is None:
+            return PASS
+        try:
+            decision = yield plan.hit
+        except Exception as exc:
+            return self._failure(plan.route, plan.identity.tier, request, plan.fail_open, exc)
+        return self.verdict(plan, request, decision, now)
+
+    # -- pure steps --------------------------------------------------------------------
+
+    def identity(self, request: RequestInfo, now: float) -> Identity:
+        """The request's tier and subject: the app's hook, else trusted, auth or anon."""
+        if self._identify is not None:
+            try:
+                found = self._identify(request)
+            except Exception:
+                self.metrics.inc("hook_failed", hook="identify")
+                log.exception("quota: the identify hook failed; using the built-in tiers")
+                found = None
+            if found is not None:
+                return found
+        headers = request.headers
+        config = self.config
+        key_id, reason = verify_signature(
+            headers, request.method, request.raw_path, now, config.hmac_secrets, config.hmac_window
+        )
+        if key_id is not None:
+            return Identity(TRUSTED, "key:" + key_id)
+        if reason is not None:
+            self.metrics.inc("hmac_rejected", reason=reason)
+        token = credential(headers, config.api_key_headers)  # type: ignore[arg-type]
+        if token is not None and self._token_ok(token):
+            return Identity(AUTH, hashed_subject("tok", token, self.secret))
+        ip = client_ip(request.peer, headers, config.proxies)
+        if ip is None:
+            return Identity(ANON, "ip:unknown")
+        return Identity(ANON, hashed_subject("ip", ip, self.secret, ipv6_prefix=config.ipv6_prefix))
+
+    def _token_ok(self, token: str) -> bool:
+        if self._validator is None:
+            return True
+        try:
+            return bool(self._validator(token))
+        except Exception:
+            self.metrics.inc("hook_failed", hook="token_validator")
+            log.exception("quota: the token validator failed; treating the caller as anon")
+            return False
+
+    def subject(self, kind: str, value: str) -> str:
+        """The subject an IP (``kind="ip"``) or token (``"tok"``) is keyed under here."""
+        return hashed_subject(kind, value, self.secret, ipv6_prefix=self.config.ipv6_prefix)
+
+    def plan(self, route: RoutePolicy, request: RequestInfo, now: float) -> Plan | None:
+        """What `request` counts as on `route`, or None when it is exempt."""
+        config = self.config
+        identity = self.identity(request, now)
+        tier = identity.tier
+        cost, fail_open = route.cost, route.fail_open
+        rates: tuple[Rate, ...] | None = None
+        base = route.base_rates
+        scale = 1.0
+        override = self.runtime.lookup(route.name, identity) if self.runtime is not None else None
+        exact = False
+        if override is not None:
+            row = override.row
+            if row.exempt:
+                self.metrics.inc("exempt", route=route.name)
+                return None
+            if row.cost is not None:
+                cost = row.cost
+            if row.fail_open is not None:
+                fail_open = row.fail_open
+            if override.rates is not None:
+                if row.exact:
+                    rates, exact = override.rates, True
+                else:
+                    base = override.rates
+        if rates is None:
+            rates = route.rates_for_tier(tier)
+            if rates is None:
+                rates = base
+                scale = config.tier_multipliers.get(tier, 1.0)
+        if not exact and self.plans is not None and identity.tenant is not None:
+            plan_name = self.plans.plan(identity.tenant)
+            if plan_name is not None:
+                scale *= config.plan_scales.get(plan_name, 1.0)
+        pressure = self._pressure
+        if (
+            pressure is not None
+            and tier not in config.pressure_exempt
+            and pressure() >= config.pressure_threshold
+        ):
+            scale *= config.pressure_factors.get(tier, 1.0)
+        rates = self._scaled(rates, scale, cost)
+        key = f"{config.key_prefix}:{route.name}:{tier}:{identity.subject}"
+        return Plan(
+            route, identity, Hit(key, rates, cost), fail_open, config.shadow or route.shadow
+        )
+
+    def _limits_of(self, rates: tuple[Rate, ...]) -> list[tuple[int, int]]:
+        found = self._limits.get(id(rates))
+        if found is not None and found[0] is rates:
+            return found[1]
+        limits = [(r.capacity, r.window) for r in rates]
+        if len(self._limits) > 4096:
+            self._limits.clear()
+        self._limits[id(rates)] = (rates, limits)
+        return limits
+
+    def verdict(self, plan: Plan, request: RequestInfo, decision: Decision, now: float) -> Verdict:
+        """Headers to add, or the 429 to send, for `decision`."""
+        route, tier = plan.route.name, plan.identity.tier
+        metrics = self.metrics
+        metrics.inc("hits", route=route, tier=tier)
+        blocked = not decision.allowed
+        headers = rate_limit_headers(
+            decision, route, self._limits_of(plan.hit.rates), now, self.config.headers,
+            retry_after=blocked and not plan.shadow,
+        )  # fmt: skip
+        exposing = self.config.expose_headers and "origin" in request.headers and bool(headers)
+        if not blocked:
+            return Verdict(None, headers, exposing)
+        if plan.shadow:
+            metrics.inc("shadow_blocked", route=route, tier=tier)
+            return Verdict(None, headers, exposing)
+        metrics.inc("blocked", route=route, tier=tier)
+        shown = headers
+        if exposing:
+            shown = [*headers, ("Access-Control-Expose-Headers", expose(headers, None))]
+        default = too_many_requests(decision, shown)
+        denial = Denial(RATE_LIMITED, request, route, tier, decision, decision.retry_after,
+                        tuple(shown), default)  # fmt: skip
+        return Verdict(self._respond(denial), [])
+
+    def _failure(
+        self, route: RoutePolicy, tier: str, request: RequestInfo, fail_open: bool,
+        exc: BaseException,
+    ) -> Verdict:  # fmt: skip
+        mode = "open" if fail_open or self.config.shadow or route.shadow else "closed"
+        self.metrics.inc("errors", route=route.name, mode=mode)
+        stamp = time.monotonic()
+        if stamp - self._last_error_log >= 10:  # one line per 10 s, not one per request
+            self._last_error_log = stamp
+            log.warning(
+                "quota: the limiter failed on route class %r (%s: %s); failing %s",
+                route.name, type(exc).__name__, exc, mode,
+            )  # fmt: skip
+        if mode == "open":
+            return PASS
+        retry = self.config.unavailable_retry_after
+        default = unavailable(retry)
+        denial = Denial(UNAVAILABLE, request, route.name, tier, None, retry,
+                        (("Retry-After", str(retry)),), default)  # fmt: skip
+        return Verdict(self._respond(denial), [])
+
+    def _respond(self, denial: Denial) -> HttpResponse:
+        if self._factory is None:
+            return denial.default
+        try:
+            shaped = self._factory(denial)
+        except Exception:
+            self.metrics.inc("hook_failed", hook="response_factory")
+            log.exception("quota: the response factory failed; sending the default answer")
+            return denial.default
+        if shaped is None:
+            return denial.default
+        if not isinstance(shaped, HttpResponse):
+            self.metrics.inc("hook_failed", hook="response_factory")
+            log.error("quota: the response factory returned %r, not an HttpResponse", shaped)
+            return denial.default
+        return shaped
+
+
+# -- the two drivers ---------------------------------------------------------------
+
+
+def drive_sync(flow: Flow, hit: Callable[[Hit], Decision], load: Callable[[], Any]) -> Verdict:
+    """Run `flow`, calling `hit` and `load` for its effects (a sync limiter's calls)."""
+    try:
+        effect = flow.send(None)
+        while True:
+            try:
+                result = hit(effect) if isinstance(effect, Hit) else load()
+            except Exception as exc:
+                effect = flow.throw(exc)
+            else:
+                effect = flow.send(result)
+    except StopIteration as stop:
+        verdict: Verdict = stop.value
+        return verdict
+
+
+async def drive_async(
+    flow: Flow, hit: Callable[[Hit], Awaitable[Decision]], load: Callable[[], Awaitable[Any]]
+) -> Verdict:
+    """`drive_sync`, awaiting each effect (an async limiter's calls)."""
+    try:
+        effect = flow.send(None)
+        while True:
+            try:
+                result = await (hit(effect) if isinstance(effect, Hit) else load())
+            except Exception as exc:
+                effect = flow.throw(exc)
+            else:
+                effect = flow.send(result)
+    except StopIteration as stop:
+        verdict: Verdict = stop.value
+        return verdict
+
+
+def sync_effects(limiter: Any) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
+    """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`."""
+
+    def hit(effect: Hit) -> Decision:
+        decision: Decision = limiter.hit(effect.key, effect.rates, cost=effect.cost)
+        return decision
+
+    def load() -> Any:
+        return limiter.store.execute(SELECT, ())
+
+    return hit, load
+
+
+def async_effects(
+    limiter: Any,
+) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
+    """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`."""
+
+    def hit(effect: Hit) -> Awaitable[Decision]:
+        return limiter.hit(effect.key, effect.rates, cost=effect.cost)  # type: ignore[no-any-return]
+
+    def load() -> Awaitable[Any]:
+        return limiter.store.execute(SELECT, ())  # type: ignore[no-any-return]
+
+    return hit, load
+
+
+__all__ = ["AUTH", "LOAD_POLICIES", "PASS", "Guard", "Hit", "Metrics", "Plan", "Verdict"]

@@ -1,0 +1,226 @@
+"""ASGI middleware (Starlette, FastAPI, any ASGI app): a thin driver of `quota.http._core`.
+
+::
+
+    from quota.http import HttpConfig, RoutePolicy
+    from quota.http.asgi import QuotaMiddleware
+
+    app.add_middleware(
+        QuotaMiddleware,
+        config=HttpConfig.from_env(policies=[RoutePolicy(name="api", paths=["/api"], rates="100/minute")]),
+    )
+
+Imports no web framework. Only HTTP requests are limited; WebSocket and
+lifespan traffic passes through (the middleware closes the limiters it opened
+itself at lifespan shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import quote
+
+from quota._limiter import AsyncLimiter, Limiter, connect_async
+from quota._url import default_url, parse_url
+from quota.http._core import (
+    Guard,
+    Observer,
+    Verdict,
+    async_effects,
+    drive_async,
+    drive_sync,
+    sync_effects,
+)
+from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
+from quota.http._policy import DEFAULT_POLICY, HttpConfig, Plans
+from quota.http._responses import HttpResponse, ResponseFactory, expose
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_EXPOSE = b"access-control-expose-headers"
+
+
+def asgi_request(scope: Scope) -> RequestInfo:
+    """The `RequestInfo` of an ASGI HTTP scope."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers") or ():
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = headers[name] + "," + value if name in headers else value
+    path: str = scope.get("path") or "/"
+    raw = scope.get("raw_path")
+    raw_path = raw.decode("latin-1").split("?", 1)[0] if raw else quote(path)
+    client = scope.get("client")
+    return RequestInfo(
+        scope.get("method", "GET").upper(), path, raw_path, headers,
+        client[0] if client else None, scope,
+    )  # fmt: skip
+
+
+class Limiters:
+    """The limiter a driver uses: the one it was given, or one per event loop opened from a URL.
+
+    An `AsyncLimiter` belongs to the loop that first used it; a server (or a
+    test client) may run more than one loop over an app's life.
+    """
+
+    def __init__(self, limiter: AsyncLimiter | Limiter | None, url: str | None) -> None:
+        self.given = limiter
+        self.url = url or default_url()
+        self.dialect = limiter.store.dialect if limiter is not None else parse_url(self.url).dialect
+        self._owned: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncLimiter] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> AsyncLimiter | Limiter:
+        if self.given is not None:
+            return self.given
+        loop = asyncio.get_running_loop()
+        limiter = self._owned.get(loop)
+        if limiter is None:
+            limiter = self._owned[loop] = connect_async(self.url)
+        return limiter
+
+    def clock(self) -> Callable[[], float] | None:
+        return self.given.options.app_clock if self.given is not None else None
+
+    async def aclose(self) -> None:
+        """Close the limiters opened here (never the one given)."""
+        loop = asyncio.get_running_loop()
+        limiter = self._owned.pop(loop, None)
+        if limiter is not None:
+            await limiter.aclose()
+
+
+def build_guard(
+    limiters: Limiters, config: HttpConfig | None, *, identify: IdentifyHook | None,
+    token_validator: TokenValidator | None, response_factory: ResponseFactory | None,
+    plans: Plans | None, pressure: Callable[[], float] | None,
+    clock: Callable[[], float] | None, observer: Observer | None,
+) -> Guard:  # fmt: skip
+    if config is None:
+        config = HttpConfig.from_env(default=DEFAULT_POLICY)
+    return Guard(
+        config, dialect=limiters.dialect, identify=identify, token_validator=token_validator,
+        response_factory=response_factory, plans=plans, pressure=pressure,
+        clock=clock or limiters.clock() or _time(), observer=observer,
+    )  # fmt: skip
+
+
+def _time() -> Callable[[], float]:
+    import time
+
+    return time.time
+
+
+async def decide(guard: Guard, limiters: Limiters, request: RequestInfo) -> Verdict:
+    """Run the core's flow for `request` on the right limiter."""
+    limiter = limiters.get()
+    if isinstance(limiter, Limiter):
+        # A sync limiter runs inline on the loop: for SQLite a decision is a
+        # few tens of microseconds, less than a hop to a worker thread.
+        return drive_sync(guard.flow(request), *sync_effects(limiter))
+    return await drive_async(guard.flow(request), *async_effects(limiter))
+
+
+def _pairs(response: HttpResponse) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
+
+
+async def send_response(send: Send, response: HttpResponse) -> None:
+    await send({"type": "http.response.start", "status": response.status,
+                "headers": _pairs(response)})  # fmt: skip
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def add_headers(headers: list[tuple[bytes, bytes]], verdict: Verdict) -> list[tuple[bytes, bytes]]:
+    """The app's response headers with the verdict's added (merging CORS exposure)."""
+    out = list(headers)
+    out += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in verdict.headers]
+    if verdict.expose:
+        existing = [v.decode("latin-1") for k, v in out if k.lower() == _EXPOSE]
+        out = [(k, v) for k, v in out if k.lower() != _EXPOSE]
+        out.append(
+            (_EXPOSE, expose(verdict.headers, ", ".join(existing) or None).encode("latin-1"))
+        )
+    return out
+
+
+class QuotaMiddleware:
+    """Rate-limit every HTTP request an ASGI app receives; see `quota.http.HttpConfig`.
+
+    `limiter` is an `AsyncLimiter` (or a sync `Limiter`, run inline: fine for
+    SQLite); without one, the middleware opens an async limiter on `url`
+    (default ``$QUOTA_DATABASE_URL``, else the embedded SQLite file). `config`
+    defaults to `HttpConfig.from_env` with a default class of 60/minute.
+    Hooks: `identify` (the app's own tier), `token_validator`,
+    `response_factory`, `plans` (tenant plan cache), `pressure` (adaptive
+    capacity source), `clock`, `observer` (metrics events). Raises
+    `ConfigurationError` at construction for bad settings.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limiter: AsyncLimiter | Limiter | None = None,
+        url: str | None = None,
+        config: HttpConfig | None = None,
+        identify: IdentifyHook | None = None,
+        token_validator: TokenValidator | None = None,
+        response_factory: ResponseFactory | None = None,
+        plans: Plans | None = None,
+        pressure: Callable[[], float] | None = None,
+        clock: Callable[[], float] | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        self.app = app
+        self.limiters = Limiters(limiter, url)
+        self.guard = build_guard(
+            self.limiters, config, identify=identify, token_validator=token_validator,
+            response_factory=response_factory, plans=plans, pressure=pressure, clock=clock,
+            observer=observer,
+        )  # fmt: skip
+        self.metrics = self.guard.metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind != "http" or not self.guard.config.enabled:
+            if kind == "lifespan":
+                receive = self._closing_receive(receive)
+            await self.app(scope, receive, send)
+            return
+        verdict = await decide(self.guard, self.limiters, asgi_request(scope))
+        if verdict.response is not None:
+            await send_response(send, verdict.response)
+            return
+        if not verdict.headers:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = add_headers(message.get("headers") or [], verdict)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+    def _closing_receive(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message.get("type") == "lifespan.shutdown":
+                await self.limiters.aclose()
+            return message
+
+        return wrapped
+
+
+__all__ = ["QuotaMiddleware", "asgi_request"]

@@ -1,0 +1,131 @@
+"""WSGI middleware (Flask, Django, any WSGI app): a thin driver of `quota.http._core`.
+
+::
+
+    from quota.http import HttpConfig, RoutePolicy
+    from quota.http.wsgi import QuotaWSGIMiddleware
+
+    app.wsgi_app = QuotaWSGIMiddleware(app.wsgi_app, config=HttpConfig.from_env(...))
+
+Imports no web framework.
+"""
+
+from __future__ import annotations
+
+import http
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import quote
+
+from quota._limiter import Limiter, connect
+from quota._url import default_url, parse_url
+from quota.http._core import Guard, Observer, Verdict, drive_sync, sync_effects
+from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
+from quota.http._policy import DEFAULT_POLICY, HttpConfig, Plans
+from quota.http._responses import ResponseFactory, expose
+
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+_EXPOSE = "access-control-expose-headers"
+
+
+def _text(value: str) -> str:
+    # PEP 3333 hands bytes over as latin-1 text; paths are UTF-8 on the wire.
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
+def wsgi_request(environ: dict[str, Any]) -> RequestInfo:
+    """The `RequestInfo` of a WSGI environ."""
+    headers: dict[str, str] = {}
+    for name, value in environ.items():
+        if name.startswith("HTTP_"):
+            headers[name[5:].replace("_", "-").lower()] = value
+    path = _text(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")) or "/"
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    raw_path = raw.split("?", 1)[0] if raw else quote(path)
+    return RequestInfo(
+        environ.get("REQUEST_METHOD", "GET").upper(), path, raw_path, headers,
+        environ.get("REMOTE_ADDR") or None, environ,
+    )  # fmt: skip
+
+
+def status_line(status: int) -> str:
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+def add_headers(headers: list[tuple[str, str]], verdict: Verdict) -> list[tuple[str, str]]:
+    """The app's response headers with the verdict's added (merging CORS exposure)."""
+    out = [*headers, *verdict.headers]
+    if verdict.expose:
+        existing = [v for k, v in out if k.lower() == _EXPOSE]
+        out = [(k, v) for k, v in out if k.lower() != _EXPOSE]
+        out.append(
+            ("Access-Control-Expose-Headers", expose(verdict.headers, ", ".join(existing) or None))
+        )
+    return out
+
+
+class QuotaWSGIMiddleware:
+    """Rate-limit every request a WSGI app receives; see `quota.asgi.QuotaMiddleware` for the options.
+
+    `limiter` is a sync `quota.Limiter`; without one, the middleware opens
+    one on `url` (default ``$QUOTA_DATABASE_URL``, else the embedded SQLite
+    file). Thread-safe.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        limiter: Limiter | None = None,
+        url: str | None = None,
+        config: HttpConfig | None = None,
+        identify: IdentifyHook | None = None,
+        token_validator: TokenValidator | None = None,
+        response_factory: ResponseFactory | None = None,
+        plans: Plans | None = None,
+        pressure: Callable[[], float] | None = None,
+        clock: Callable[[], float] | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        self.app = app
+        if limiter is None:
+            url = url or default_url()
+            parse_url(url)
+            limiter = connect(url)
+        self.limiter = limiter
+        if config is None:
+            config = HttpConfig.from_env(default=DEFAULT_POLICY)
+        self.guard = Guard(
+            config, dialect=limiter.store.dialect, identify=identify,
+            token_validator=token_validator, response_factory=response_factory, plans=plans,
+            pressure=pressure, clock=clock or limiter.options.app_clock, observer=observer,
+        )  # fmt: skip
+        self.metrics = self.guard.metrics
+        self._effects = sync_effects(limiter)
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if not self.guard.config.enabled:
+            return self.app(environ, start_response)
+        verdict = drive_sync(self.guard.flow(wsgi_request(environ)), *self._effects)
+        response = verdict.response
+        if response is not None:
+            start_response(status_line(response.status), list(response.headers))
+            return [response.body]
+        if not verdict.headers:
+            return self.app(environ, start_response)
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            return start_response(status, add_headers(headers, verdict), exc_info)
+
+        return self.app(environ, start)
+
+
+__all__ = ["QuotaWSGIMiddleware", "wsgi_request"]
