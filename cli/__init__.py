@@ -1,5 +1,6 @@
 """The ``quota`` command line (installed as ``quota._cli``); see `main`."""
 
+from . import policy  # noqa: F401  (registers `quota policy`)
 from .main import main
 
 __all__ = ["main"]

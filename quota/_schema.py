@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from quota._errors import SchemaError
 
 #: Every revision this code knows, oldest first.
-REVISIONS: tuple[str, ...] = ("0001_counters", "0002_quotas")
+REVISIONS: tuple[str, ...] = ("0001_counters", "0002_quotas", "0003_algorithms", "0004_policies")
 #: The revision this code needs at least.
 REQUIRED = REVISIONS[-1]
 
@@ -81,6 +81,23 @@ quota_ledger = sa.Table(
     ),
     sa.Index("ix_quota_ledger_subject_at", "subject", "at"),
     sa.Index("ix_quota_ledger_at", "at"),
+)
+
+#: Runtime policy overrides of the HTTP layer (revision 0004_policies); see quota.http._runtime.
+quota_policies = sa.Table(
+    "quota_policies",
+    metadata,
+    sa.Column("route", sa.Text, nullable=False),
+    sa.Column("subject", sa.Text, nullable=False, server_default="*"),
+    sa.Column("rates", sa.Text, nullable=True),
+    sa.Column("algorithm", sa.Text, nullable=True),
+    sa.Column("cost", sa.Integer, nullable=True),
+    sa.Column("fail_open", sa.Boolean, nullable=True),
+    sa.Column("exempt", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("note", sa.Text, nullable=True),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.PrimaryKeyConstraint("route", "subject", name="pk_quota_policies"),
+    sa.CheckConstraint("cost IS NULL OR cost >= 1", name="ck_quota_policies_cost"),
 )
 
 
