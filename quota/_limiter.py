@@ -16,6 +16,7 @@ from types import TracebackType
 
 from quota import _algorithms, _ops, _sql
 from quota._algorithms import FIXED_WINDOW, Rate, closed_decision, open_decision
+from quota._batch import DEFAULT_MAX_BATCH, AsyncBatchingStore, BatchingStore
 from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, decide, hit_params, stored_key
 from quota._errors import ConfigurationError
 from quota._ops import CleanupResult, Usage
@@ -39,6 +40,8 @@ DATABASE_CLOCK = "database"
 #: servers whose clocks lag the others a little.
 DEFAULT_GRACE = 60
 DEFAULT_BATCH_SIZE = 10_000
+#: ``durability=``: "relaxed" commits PostgreSQL hits without waiting for the WAL flush.
+DURABILITY_MODES = ("full", "relaxed")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +60,14 @@ class Options:
     """Seconds to wait for a connection (PostgreSQL) or a write lock (SQLite busy timeout)."""
     fallback: Fallback | None = None
     """Fail open to an in-memory store while the database is down; None raises instead."""
+    batching: bool = False
+    """Group commit: concurrent fixed-window hits share one statement, each caller still
+    getting its exact count (see `quota._batch`). No added latency when idle."""
+    max_batch: int = DEFAULT_MAX_BATCH
+    """Most hits one batch statement carries."""
+    durability: str = "full"
+    """``"full"``, or ``"relaxed"``: PostgreSQL commits the limiter's statements with
+    ``synchronous_commit = off`` (durable quotas stay synchronous). See the README."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.count_denied, bool):
@@ -74,6 +85,13 @@ class Options:
             raise ConfigurationError(f"timeout must be seconds in (0, 3600], got {self.timeout!r}")
         if self.fallback is not None and not isinstance(self.fallback, Fallback):
             raise ConfigurationError(f"fallback must be a quota.Fallback, got {self.fallback!r}")
+        if not isinstance(self.batching, bool):
+            raise ConfigurationError(f"batching must be a bool, got {self.batching!r}")
+        check_int("max_batch", self.max_batch, maximum=100_000)
+        if self.durability not in DURABILITY_MODES:
+            raise ConfigurationError(
+                f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"
+            )
 
     @property
     def database_clock(self) -> bool:
@@ -378,7 +396,10 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
         store = PostgresStore(
             parsed.target, parsed.url, connect_timeout=options.timeout,
             db_clock=options.database_clock, statement_timeout=fallback.timeout if fallback else None,
+            relaxed=options.durability == "relaxed",
         )  # fmt: skip
+    if options.batching:
+        store = BatchingStore(store, max_batch=options.max_batch)
     if fallback is None:
         return store
     from quota._memory import MemoryStore
@@ -404,7 +425,10 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
         store = AsyncPostgresStore(
             parsed.target, parsed.url, pool_size=options.pool_size, connect_timeout=options.timeout,
             db_clock=options.database_clock, statement_timeout=fallback.timeout if fallback else None,
+            relaxed=options.durability == "relaxed",
         )  # fmt: skip
+    if options.batching:
+        store = AsyncBatchingStore(store, max_batch=options.max_batch)
     if fallback is None:
         return store
     from quota._memory import AsyncMemoryStore
@@ -422,6 +446,9 @@ def connect(
     pool_size: int = 10,
     timeout: float = 10.0,
     fallback: bool | Fallback = False,
+    batching: bool = False,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    durability: str = "full",
 ) -> Limiter:
     """A synchronous `Limiter` for the database at `url`.
 
@@ -435,10 +462,17 @@ def connect(
     or is unreachable, a background probe switches back when it answers, and
     the fixed-window hits of the outage are written back. Use it in request
     paths; `fail_closed=True` on a call denies instead while the store is down.
+
+    With ``batching=True`` concurrent fixed-window hits from threads share one
+    statement (group commit, at most `max_batch` hits), each still getting its
+    exact count; a lone call goes out at once. ``durability="relaxed"`` lets
+    PostgreSQL commit the limiter's statements without waiting for the WAL
+    flush; durable quotas stay synchronous. See the README for both.
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
         fallback=_fallback(fallback),
+        batching=batching, max_batch=max_batch, durability=durability,
     )  # fmt: skip
     return Limiter(open_sync_store(parse_url(url), options), options)
 
@@ -451,15 +485,21 @@ def connect_async(
     pool_size: int = 10,
     timeout: float = 10.0,
     fallback: bool | Fallback = False,
+    batching: bool = False,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    durability: str = "full",
 ) -> AsyncLimiter:
     """An `AsyncLimiter` for the database at `url`.
 
     ``sqlite:///path.db`` or ``sqlite+aiosqlite:///…`` (aiosqlite),
     ``postgresql://…`` or ``postgresql+asyncpg://…`` (asyncpg pool of at most
-    `pool_size` connections). Connections open on first use.
+    `pool_size` connections). Connections open on first use. `batching`,
+    `max_batch` and `durability` as for `connect`; batching gathers the hits of
+    concurrent tasks.
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
         fallback=_fallback(fallback),
+        batching=batching, max_batch=max_batch, durability=durability,
     )  # fmt: skip
     return AsyncLimiter(open_async_store(parse_url(url), options), options)

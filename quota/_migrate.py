@@ -31,6 +31,8 @@ from quota._url import default_url, parse_url
 
 #: Options a migration reads, from ``migrate(**options)`` or ``alembic -x name=value``.
 OPTION_COUNTERS_LOGGED = "counters_logged"
+#: PostgreSQL: counters range-partitioned by window start (see `quota._partitions`).
+OPTION_COUNTERS_PARTITIONED = "counters_partitioned"
 
 
 def _script_location() -> str:
@@ -144,6 +146,7 @@ def migrate(
     revision: str = "head",
     sql: bool = False,
     counters_logged: bool = False,
+    counters_partitioned: bool = False,
     output: TextIO | None = None,
 ) -> None:
     """Upgrade the quota tables to `revision` (default: the newest).
@@ -154,11 +157,16 @@ def migrate(
     With ``sql=True`` nothing is run: the SQL a DBA would apply is written to
     `output` (default stdout). `counters_logged` keeps the PostgreSQL counters
     table a normal (WAL-logged) table instead of UNLOGGED; it only matters
-    when the table is created.
+    when the table is created. `counters_partitioned` creates it range-partitioned
+    by window start instead, so cleanup drops whole partitions (PostgreSQL only;
+    ignored on SQLite; also only when the table is created).
 
     Raises `StorageError` when the database cannot be reached.
     """
-    cfg, url = _prepare(target, sql, output, **{OPTION_COUNTERS_LOGGED: counters_logged})
+    cfg, url = _prepare(
+        target, sql, output,
+        **{OPTION_COUNTERS_LOGGED: counters_logged, OPTION_COUNTERS_PARTITIONED: counters_partitioned},
+    )  # fmt: skip
     with _alembic_errors(url):
         command.upgrade(cfg, revision, sql=sql)
 

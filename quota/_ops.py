@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from quota import _sql
+from quota import _partitions, _sql
 from quota._algorithms import (
     FIXED_WINDOW,
     SLIDING_WINDOW,
@@ -119,6 +119,8 @@ def cleanup(
             return CleanupResult(deleted=0, expired=0, skipped=True)
     deleted = 0
     try:
+        if locking:  # a partitioned counters table sheds whole partitions first
+            deleted += yield from _partitions.maintain(now, cutoff)
         for _, delete in tables:
             while True:
                 rows = yield delete, (cutoff, batch_size)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
-from quota import _sql
+from quota import _partitions, _sql
 from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._schema import check_version
 from quota._sql import Named
@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     import psycopg
 
 T = TypeVar("T")
+
+#: ``durability="relaxed"``: every connection commits without waiting for the WAL flush.
+RELAXED_SETTINGS = {"synchronous_commit": "off"}
+#: ... except inside a transaction of `run`: durable quotas keep every commit synchronous.
+DURABLE_TRANSACTION = "SET LOCAL synchronous_commit = on"
 
 
 def _is_undefined_table(exc: BaseException) -> bool:
@@ -63,9 +68,11 @@ class _Pool:
     """
 
     def __init__(
-        self, dsn: str, size: int, timeout: float, wait_timeout: float | None = None
-    ) -> None:
+        self, dsn: str, size: int, timeout: float, wait_timeout: float | None = None,
+        server_settings: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self._dsn = dsn
+        self._server_settings = server_settings
         self._size = size
         self._timeout = timeout
         self._wait_timeout = wait_timeout
@@ -82,7 +89,7 @@ class _Pool:
                 self._open += 1
                 try:
                     conn: asyncpg.Connection = await asyncpg.connect(
-                        self._dsn, timeout=self._timeout
+                        self._dsn, timeout=self._timeout, server_settings=self._server_settings
                     )
                 except BaseException:
                     self._open -= 1
@@ -137,10 +144,13 @@ class AsyncPostgresStore:
 
     def __init__(
         self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
-        db_clock: bool = False, statement_timeout: float | None = None,
+        db_clock: bool = False, statement_timeout: float | None = None, relaxed: bool = False,
     ) -> None:  # fmt: skip
         self.url = url
         self.db_clock = db_clock
+        # durability="relaxed": the session commits without waiting for the WAL flush.
+        self._relaxed = relaxed
+        self._partitioned = False
         self._dsn = dsn
         # asyncpg's own per-query timeout: it cancels the query on the server
         # and leaves the connection usable (a fallback's time budget).
@@ -156,11 +166,15 @@ class AsyncPostgresStore:
         async with self._starting:
             if self._pool is not None:
                 return self._pool
-            pool = _Pool(self._dsn, self._pool_size, self._connect_timeout, self._statement_timeout)
+            pool = _Pool(
+                self._dsn, self._pool_size, self._connect_timeout, self._statement_timeout,
+                server_settings=RELAXED_SETTINGS if self._relaxed else None,
+            )  # fmt: skip
             try:
                 conn = await pool.acquire()
                 try:
                     rows: Rows | None = await conn.fetch(_sql.SCHEMA_VERSION)
+                    self._partitioned = bool(await conn.fetchval(_partitions.IS_PARTITIONED))
                 except asyncpg.UndefinedTableError:
                     rows = None
                 finally:
@@ -186,6 +200,8 @@ class AsyncPostgresStore:
             sql = _sql.render(sql, "numeric_dollar")
         else:
             sql, params = _sql.bind(sql, params, "numeric_dollar", "postgresql", self.db_clock)  # type: ignore[arg-type]
+        if self._partitioned:
+            sql = _partitions.partitioned_sql(sql)
         pool, conn = await self._acquire()
         try:
             return await conn.fetch(sql, *params, timeout=self._statement_timeout)  # type: ignore[no-any-return]
@@ -198,8 +214,11 @@ class AsyncPostgresStore:
         pool, conn = await self._acquire()
 
         async def execute(sql: str, params: Sequence[Any]) -> Rows:
+            text = _sql.render(sql, "numeric_dollar")
+            if self._partitioned:
+                text = _partitions.partitioned_sql(text)
             try:
-                return await conn.fetch(_sql.render(sql, "numeric_dollar"), *params)  # type: ignore[no-any-return]
+                return await conn.fetch(text, *params)  # type: ignore[no-any-return]
             except Exception as exc:
                 raise wrap_error(exc, self.url) from exc
 
@@ -207,6 +226,8 @@ class AsyncPostgresStore:
             if not transaction:
                 return await adrive(op, execute)
             async with conn.transaction():
+                if self._relaxed:
+                    await conn.execute(DURABLE_TRANSACTION)
                 return await adrive(op, execute)
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
@@ -226,7 +247,7 @@ class PostgresStore:
 
     def __init__(
         self, dsn: str, url: str, *, connect_timeout: float = 10.0, db_clock: bool = False,
-        statement_timeout: float | None = None,
+        statement_timeout: float | None = None, relaxed: bool = False,
     ) -> None:  # fmt: skip
         try:
             import psycopg
@@ -247,6 +268,12 @@ class PostgresStore:
             if statement_timeout
             else None
         )
+        if relaxed:
+            self._options = " ".join(
+                [*([self._options] if self._options else []), "-c synchronous_commit=off"]
+            )
+        self._relaxed = relaxed
+        self._partitioned = False
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[psycopg.Connection[Any]] = []
@@ -264,6 +291,7 @@ class PostgresStore:
         if not self._schema_checked:
             try:
                 rows: Rows | None = conn.execute(_sql.SCHEMA_VERSION).fetchall()
+                self._partitioned = conn.execute(_partitions.IS_PARTITIONED).fetchone() is not None
             except Exception as exc:
                 if not _is_undefined_table(exc):
                     conn.close()
@@ -302,6 +330,8 @@ class PostgresStore:
         else:
             sql, params = _sql.bind(sql, params, "format", "postgresql", self.db_clock)  # type: ignore[arg-type]
         conn = self._conn()
+        if self._partitioned:
+            sql = _partitions.partitioned_sql(sql)
         try:
             return conn.execute(sql, params).fetchall()
         except Exception as exc:
@@ -311,8 +341,11 @@ class PostgresStore:
         conn = self._conn()
 
         def execute(sql: str, params: Sequence[Any]) -> Rows:
+            text = _sql.render(sql, "format")
+            if self._partitioned:
+                text = _partitions.partitioned_sql(text)
             try:
-                return conn.execute(_sql.render(sql, "format"), params).fetchall()
+                return conn.execute(text, params).fetchall()
             except Exception as exc:
                 raise self._fail(conn, exc) from exc
 
@@ -320,6 +353,8 @@ class PostgresStore:
             return drive(op, execute)
         try:
             with conn.transaction():
+                if self._relaxed:
+                    conn.execute(DURABLE_TRANSACTION)
                 return drive(op, execute)
         except QuotaError:
             raise

@@ -10,14 +10,21 @@ UNLOGGED: counters are ephemeral, writes skip the WAL, and a database crash
 window once. Run with ``-x counters_logged=true`` (``quota migrate
 --logged-counters``) to keep it a normal table. A fillfactor below 100 leaves
 room on each page so count updates stay HOT (no index update per hit).
+
+With ``-x counters_partitioned=true`` (``quota migrate --partitioned-counters``)
+the PostgreSQL table is range-partitioned by window start instead, with the
+partitions of the hour behind and the day ahead; see `quota._partitions`.
 """
 
 from __future__ import annotations
 
+import time
+
 import sqlalchemy as sa
 from alembic import context, op
 
-from quota._migrate import OPTION_COUNTERS_LOGGED, option
+from quota import _partitions
+from quota._migrate import OPTION_COUNTERS_LOGGED, OPTION_COUNTERS_PARTITIONED, option
 
 revision = "0001_counters"
 down_revision = None
@@ -28,6 +35,15 @@ depends_on = None
 def upgrade() -> None:
     postgres = context.get_context().dialect.name == "postgresql"
     logged = option(context, OPTION_COUNTERS_LOGGED)
+    if postgres and option(context, OPTION_COUNTERS_PARTITIONED):
+        for statement in _partitions.create_table_sql(logged):
+            op.execute(statement)
+        now = time.time()
+        for start in _partitions.starts_between(
+            now - _partitions.BEHIND, now + _partitions.AHEAD
+        ):
+            op.execute(_partitions.create_partition_sql(start, logged))
+        return
     # "C" collation: keys compare as bytes, the fastest btree order on PostgreSQL.
     key = sa.Text(collation="C") if postgres else sa.Text()
     op.create_table(

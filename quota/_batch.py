@@ -1,0 +1,303 @@
+"""Group commit: concurrent fixed-window hits gathered into one statement, counts kept exact.
+
+A store wrapper with the store protocol (`quota._store`), so it composes:
+limiter → fallback → batcher → store. It intercepts the hot statement
+`quota._sql.HIT` and passes every other statement straight through.
+
+How a hit travels:
+
+* **Idle**: nothing is in flight, so the call goes out at once, alone, as the
+  very statement the one-by-one path runs. Batching adds no latency when idle.
+* **Busy**: a statement is in flight, so the call joins a queue. When the
+  statement in flight returns, the queue (at most `max_batch` hits) goes out
+  as **one** statement: hits on the same bucket key summed, keys sorted (two
+  processes' batches lock rows in the same order, so they cannot deadlock),
+  one ``INSERT … SELECT … ON CONFLICT DO UPDATE SET count = count + excluded.count
+  RETURNING bucket_key, count``.
+* **Exact counts**: a key's hits of costs c1..cn (in arrival order) whose
+  total came back as C hand caller i the count ``C - (c(i+1) + … + cn)``:
+  the count it would have seen had the hits run one by one in that order.
+  `quota._core.decide` then allows exactly while that count is ≤ the limit.
+
+Cancellation: a waiting caller cancelled before its batch is sent is dropped
+from the queue and its hit is **not counted**; one cancelled after its batch
+was sent **is counted** (the statement cannot be taken back), and the counts
+handed to the others are the same either way. A database error fails every
+caller of that batch with the exception the one-by-one path raises
+(`StorageError`, `SchemaError`); the statement is atomic, so none of its hits
+is counted.
+
+Only `HIT` (count_denied=True) is batched. `HIT_CAPPED` (count_denied=False)
+is not: whether a capped hit counts depends on the count before it, which
+the summed statement cannot hand back, so it goes one by one; so do the
+other algorithms and the database clock (their statements are `Named`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import deque
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from quota import _sql
+from quota._errors import StorageError
+from quota._sql import Named
+from quota._store import AsyncStore, Rows, Statement, SyncStore
+
+T = TypeVar("T")
+
+#: Default most hits in one batch statement.
+DEFAULT_MAX_BATCH = 1000
+
+_COLUMNS = (
+    "INSERT INTO quota_counters"
+    " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
+)
+_UPSERT = (
+    " ON CONFLICT (bucket_key) DO UPDATE"
+    " SET count = quota_counters.count + excluded.count, updated_at = excluded.updated_at"
+    " RETURNING bucket_key, count"
+)
+
+#: The batch statement per dialect. PostgreSQL takes one array per column;
+#: SQLite, which has no arrays, one JSON array of rows (the ``WHERE true``
+#: keeps its parser from reading ``ON CONFLICT`` as a join constraint).
+BATCH_HIT = {
+    "postgresql": _COLUMNS + " SELECT * FROM unnest(CAST(? AS TEXT[]), CAST(? AS TEXT[]),"
+    " CAST(? AS BIGINT[]), CAST(? AS INTEGER[]), CAST(? AS BIGINT[]),"
+    " CAST(? AS DOUBLE PRECISION[]))" + _UPSERT,
+    "sqlite": _COLUMNS + " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+    " json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'),"
+    " json_extract(value, '$[5]') FROM json_each(?) WHERE true" + _UPSERT,
+}
+
+Hit = Sequence[
+    Any
+]  # the params of `_sql.HIT`: bucket_key, client_key, window_start, window, cost, now
+
+
+def batch_params(dialect: str, hits: Sequence[Hit]) -> tuple[Any, ...]:
+    """The parameters of `BATCH_HIT` for `hits`: costs summed per bucket key, keys sorted."""
+    rows: dict[str, list[Any]] = {}
+    for bucket_key, client_key, start, window, cost, now in hits:
+        row = rows.get(bucket_key)
+        if row is None:
+            rows[bucket_key] = [bucket_key, client_key, start, window, cost, now]
+        else:
+            row[4] += cost
+            row[5] = max(row[5], now)
+    ordered = [rows[key] for key in sorted(rows)]
+    if dialect == "sqlite":
+        return (json.dumps(ordered),)
+    return tuple(list(column) for column in zip(*ordered, strict=True))
+
+
+def split_counts(hits: Sequence[Hit], rows: Rows) -> list[int]:
+    """Each hit's own count from the per-key totals `rows` (``bucket_key, count``).
+
+    Walking the hits backwards, each one's count is its key's total less the
+    costs of the later hits on that key. Raises `StorageError` if a key is
+    missing from `rows` (the statement returns every key it wrote).
+    """
+    totals = {str(key): int(count) for key, count in rows}
+    counts = [0] * len(hits)
+    for i in range(len(hits) - 1, -1, -1):
+        key, cost = hits[i][0], hits[i][4]
+        try:
+            total = totals[key]
+        except KeyError:
+            raise StorageError(f"the batch statement returned no count for {key!r}") from None
+        counts[i] = total
+        totals[key] = total - cost
+    return counts
+
+
+class AsyncBatchingStore:
+    """Group commit for an async store; see the module docstring. Safe to share between tasks.
+
+    At most `slots` statements are in flight at once (2 on PostgreSQL, where
+    a second batch can be on the wire while the first one is being
+    written; 1 on SQLite, which has a single writer anyway).
+    """
+
+    def __init__(
+        self, store: AsyncStore, *, max_batch: int = DEFAULT_MAX_BATCH, slots: int | None = None
+    ) -> None:
+        self.store = store
+        self.dialect = store.dialect
+        self.max_batch = max_batch
+        self.slots = slots or (1 if store.dialect == "sqlite" else 2)
+        self._batch_sql = BATCH_HIT[store.dialect]
+        self._in_flight = 0
+        self._queue: deque[tuple[Hit, asyncio.Future[Rows]]] = deque()
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        if sql is not _sql.HIT:
+            return await self.store.execute(sql, params)
+        if self._in_flight < self.slots and not self._queue:
+            self._in_flight += 1
+            try:
+                return await self.store.execute(sql, params)
+            finally:
+                self._done(contended=False)
+        waiter: asyncio.Future[Rows] = asyncio.get_running_loop().create_future()
+        self._queue.append((params, waiter))  # type: ignore[arg-type]
+        return await waiter
+
+    def _done(self, *, contended: bool) -> None:
+        """A statement came back: its slot sends the queue, or goes free."""
+        if contended or self._queue:
+            # Let the callers just woken come back first, so they ride the
+            # next batch instead of each starting a statement of their own.
+            asyncio.get_running_loop().call_soon(self._next)
+        else:
+            self._in_flight -= 1
+
+    def _next(self) -> None:
+        """Send the queue on the slot just freed (and on any other free one), or free the slot."""
+        queue = self._queue
+        while True:
+            batch: list[tuple[Hit, asyncio.Future[Rows]]] = []
+            while queue and len(batch) < self.max_batch:
+                entry = queue.popleft()
+                if not entry[1].done():  # a caller cancelled while waiting: never sent
+                    batch.append(entry)
+            if not batch:
+                self._in_flight -= 1
+                return
+            task = asyncio.get_running_loop().create_task(self._flush(batch))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+            if not queue or self._in_flight >= self.slots:
+                return
+            self._in_flight += 1
+
+    async def _flush(self, batch: list[tuple[Hit, asyncio.Future[Rows]]]) -> None:
+        # Runs in a task of its own: a cancelled caller cannot cancel the
+        # statement that carries the others' hits.
+        hits = [hit for hit, _ in batch]
+        try:
+            if len(hits) == 1:
+                results: list[Rows] = [await self.store.execute(_sql.HIT, hits[0])]
+            else:
+                rows = await self.store.execute(self._batch_sql, batch_params(self.dialect, hits))
+                results = [[(count,)] for count in split_counts(hits, rows)]
+        except BaseException as exc:
+            for _, waiter in batch:
+                if not waiter.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        waiter.cancel()
+                    else:
+                        waiter.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            for (_, waiter), result in zip(batch, results, strict=True):
+                if not waiter.done():
+                    waiter.set_result(result)
+        finally:
+            self._done(contended=len(batch) > 1)
+
+    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        return await self.store.run(op, transaction=transaction)
+
+    async def aclose(self) -> None:
+        """Wait for the batches in flight, then close the store."""
+        while self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)
+        await self.store.aclose()
+
+
+class _Waiter:
+    """A thread waiting for its hit's rows, or for its turn to send a batch."""
+
+    __slots__ = ("batch", "error", "hit", "result", "wake")
+
+    def __init__(self, hit: Hit) -> None:
+        self.hit = hit
+        self.result: Rows | None = None
+        self.error: BaseException | None = None
+        self.batch: list[_Waiter] | None = None  # set when this thread is to send a batch
+        self.wake = threading.Lock()
+        self.wake.acquire()
+
+
+class BatchingStore:
+    """Group commit for a sync store, between threads: a leader/follower scheme.
+
+    The thread that finds the store idle sends its own hit at once. Threads
+    that arrive while a statement is in flight queue up; when it returns, the
+    oldest of them is woken to send the queue as one batch (on its own
+    connection), hands every other waiter its rows, and passes the turn on.
+    Thread-safe; a thread never sends more than the one batch it is in.
+    """
+
+    def __init__(self, store: SyncStore, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+        self.store = store
+        self.dialect = store.dialect
+        self.max_batch = max_batch
+        self._batch_sql = BATCH_HIT[store.dialect]
+        self._lock = threading.Lock()
+        self._busy = False
+        self._queue: deque[_Waiter] = deque()
+
+    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        if sql is not _sql.HIT:
+            return self.store.execute(sql, params)
+        with self._lock:
+            if self._busy:
+                me: _Waiter | None = _Waiter(params)  # type: ignore[arg-type]
+                self._queue.append(me)  # type: ignore[arg-type]
+            else:
+                me = None
+                self._busy = True
+        if me is None:
+            try:
+                return self.store.execute(sql, params)
+            finally:
+                self._hand_on()
+        me.wake.acquire()
+        if me.batch is not None:
+            self._send(me.batch)
+        if me.error is not None:
+            raise me.error
+        assert me.result is not None
+        return me.result
+
+    def _send(self, batch: list[_Waiter]) -> None:
+        try:
+            hits = [waiter.hit for waiter in batch]
+            if len(hits) == 1:
+                batch[0].result = self.store.execute(_sql.HIT, hits[0])
+            else:
+                rows = self.store.execute(self._batch_sql, batch_params(self.dialect, hits))
+                for waiter, count in zip(batch, split_counts(hits, rows), strict=True):
+                    waiter.result = [(count,)]
+        except BaseException as exc:
+            for waiter in batch:
+                waiter.error = exc
+        finally:
+            for waiter in batch[1:]:  # batch[0] is this thread
+                waiter.wake.release()
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """The statement in flight returned: wake the oldest waiter to send the queue, or go idle."""
+        with self._lock:
+            if not self._queue:
+                self._busy = False
+                return
+            count = min(len(self._queue), self.max_batch)
+            batch = [self._queue.popleft() for _ in range(count)]
+        batch[0].batch = batch
+        batch[0].wake.release()
+
+    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        return self.store.run(op, transaction=transaction)
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,164 @@
+"""Partitioned counters on PostgreSQL: whole partitions dropped instead of rows deleted.
+
+Chosen at migration time (``quota migrate --partitioned-counters``, or
+``-x counters_partitioned=true``): ``quota_counters`` is then range-partitioned
+by ``window_start``, one partition per `PARTITION_SECONDS`, plus a DEFAULT
+partition that catches any row no partition covers (a long window whose start
+lies in a range already dropped, or a cleanup that has not run in a while).
+Its primary key is ``(bucket_key, window_start)``, as PostgreSQL requires of
+a partitioned table, so the stores give the hot upsert that conflict target
+(`partitioned_sql`); the plain table, the default, keeps its statement as is.
+
+Cleanup (`maintain`, run inside `quota._ops.cleanup`):
+
+1. creates the partitions of the next `AHEAD` seconds that do not exist yet,
+   so new windows land in a partition, not in the default one;
+2. drops every partition whose range ended before the cutoff and whose
+   every window has ended (checked on the window-end index): it detaches the
+   partition (a lock on the parent held for a catalog update, not for the
+   rows), moves back any live row that reached it after the check, counts
+   and drops it;
+3. leaves what is left (the default partition, partitions held back by a
+   long window) to the ordinary row-by-row cleanup.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Generator
+
+from quota._store import Rows, Statement
+
+#: Seconds of window starts per partition.
+PARTITION_SECONDS = 3600
+#: Seconds ahead of now for which cleanup (and the migration) create partitions.
+AHEAD = 24 * 3600
+#: Seconds behind now for which the migration creates partitions too.
+BEHIND = 3600
+
+TABLE = "quota_counters"
+DEFAULT_PARTITION = "quota_counters_default"
+#: Storage settings of every partition: room on each page keeps count updates HOT.
+STORAGE = "fillfactor = 70, autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05"
+
+#: One row when the counters table is partitioned, none otherwise.
+IS_PARTITIONED = (
+    "SELECT 1 FROM pg_class WHERE oid = to_regclass('quota_counters') AND relkind = 'p'"
+)
+#: The partitions (default excluded) with their bounds, and whether they are logged.
+LIST_PARTITIONS = (
+    "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), c.relpersistence"
+    " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+    " WHERE i.inhparent = to_regclass('quota_counters')"
+)
+_BOUND = re.compile(r"FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)")
+
+_CONFLICT = "ON CONFLICT (bucket_key)"
+
+
+@functools.cache
+def partitioned_sql(text: str) -> str:
+    """`text` for a partitioned counters table.
+
+    Upserts into ``quota_counters`` conflict on ``(bucket_key, window_start)``,
+    the partitioned primary key; the bucket key already holds the window
+    start, so the two keys name the same rows. Other statements pass as they are.
+    """
+    if text.startswith("INSERT INTO quota_counters"):
+        return text.replace(_CONFLICT, "ON CONFLICT (bucket_key, window_start)")
+    return text
+
+
+def partition_name(start: int) -> str:
+    return f"quota_counters_p{start}"
+
+
+def create_table_sql(logged: bool) -> list[str]:
+    """DDL of the partitioned counters table, its window-end index and its DEFAULT partition."""
+    unlogged = "" if logged else "UNLOGGED "
+    return [
+        "CREATE TABLE quota_counters ("
+        ' bucket_key TEXT COLLATE "C" NOT NULL, client_key TEXT COLLATE "C" NOT NULL,'
+        " window_start BIGINT NOT NULL, window_seconds INTEGER NOT NULL,"
+        " count BIGINT NOT NULL, updated_at DOUBLE PRECISION NOT NULL,"
+        " PRIMARY KEY (bucket_key, window_start)"
+        ") PARTITION BY RANGE (window_start)",
+        "CREATE INDEX ix_quota_counters_window_end ON quota_counters"
+        " ((window_start + window_seconds))",
+        f"CREATE {unlogged}TABLE {DEFAULT_PARTITION} PARTITION OF quota_counters DEFAULT"
+        f" WITH ({STORAGE})",
+    ]
+
+
+def create_partition_sql(start: int, logged: bool) -> str:
+    """DDL of the partition holding window starts ``start .. start + PARTITION_SECONDS``."""
+    unlogged = "" if logged else "UNLOGGED "
+    return (
+        f"CREATE {unlogged}TABLE IF NOT EXISTS {partition_name(start)} PARTITION OF quota_counters"
+        f" FOR VALUES FROM ({start}) TO ({start + PARTITION_SECONDS}) WITH ({STORAGE})"
+    )
+
+
+def starts_between(first: float, last: float) -> list[int]:
+    """Starts of the partitions covering ``first .. last`` (epoch seconds)."""
+    start = int(first) - int(first) % PARTITION_SECONDS
+    return list(range(start, int(last) + 1, PARTITION_SECONDS))
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def maintain(now: float, cutoff: int) -> Generator[Statement, Rows, int]:
+    """Create partitions ahead and drop the expired ones; return the rows dropped with them.
+
+    Does nothing (one catalog query) when the counters table is not
+    partitioned. Runs without a transaction of its own, under cleanup's
+    advisory lock; each DDL statement commits on its own.
+    """
+    rows = yield IS_PARTITIONED, ()
+    if not rows:
+        return 0
+    rows = yield LIST_PARTITIONS, ()
+    ranges: list[tuple[str, int, int]] = []
+    logged = True
+    for name, bound, persistence in rows:
+        if str(bound) == "DEFAULT":
+            logged = persistence != "u"  # new partitions take the default partition's kind
+            continue
+        match = _BOUND.search(str(bound))
+        if match:
+            ranges.append((str(name), int(match[1]), int(match[2])))
+    existing = {low for _, low, _ in ranges}
+    # A DDL statement waiting for the parent's lock queues every hit behind
+    # it: give up after a moment instead (the next cleanup tries again).
+    yield "SET lock_timeout = '2s'", ()
+    for start in starts_between(now, now + AHEAD):
+        if start not in existing:
+            yield create_partition_sql(start, logged), ()
+    dropped = 0
+    for name, _low, high in sorted(ranges, key=lambda r: r[1]):
+        if high > cutoff:
+            continue  # new windows may still start in its range
+        table = _quote(name)
+        rows = yield f"SELECT max(window_start + window_seconds) FROM {table}", ()
+        if rows[0][0] is not None and rows[0][0] >= cutoff:
+            continue  # a window in it is still running: row cleanup deals with the rest
+        yield f"ALTER TABLE quota_counters DETACH PARTITION {table}", ()
+        # A live window that reached the partition after the check goes back
+        # to the table (its range has no partition now: the default one).
+        moved = yield (
+            f"INSERT INTO quota_counters SELECT * FROM {table}"
+            " WHERE window_start + window_seconds >= ?"
+            " ON CONFLICT (bucket_key, window_start) DO UPDATE"
+            " SET count = quota_counters.count + excluded.count,"
+            " updated_at = GREATEST(quota_counters.updated_at, excluded.updated_at)"
+            " RETURNING 1",
+            (cutoff,),
+        )
+        rows = yield f"SELECT count(*) FROM {table}", ()
+        yield f"DROP TABLE {table}", ()
+        dropped += int(rows[0][0]) - len(moved)
+    yield "RESET lock_timeout", ()
+    return dropped
