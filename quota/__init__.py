@@ -14,8 +14,9 @@ from __future__ import annotations
 from quota._algorithms import ALGORITHMS, Rate
 from quota._core import Decision
 from quota._default import rate_limit, rate_limit_async
-from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
+from quota._errors import ConfigurationError, Overloaded, QuotaError, SchemaError, StorageError
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
+from quota._metrics import Metrics
 from quota._migrate import current_revision, downgrade, migrate
 from quota._ops import CleanupResult, Usage
 from quota._policy import parse_rates
@@ -31,7 +32,9 @@ __all__ = [
     "Decision",
     "Fallback",
     "Limiter",
+    "Metrics",
     "Options",
+    "Overloaded",
     "QuotaError",
     "Rate",
     "SchemaError",

@@ -3,8 +3,10 @@
     QuotaError
     ├── ConfigurationError   bad argument, URL or setting (also a ValueError)
     ├── StorageError         the database failed or could not be reached
-    └── SchemaError          the tables are missing or older than this code needs;
-                             the message names the command that fixes it
+    │   └── SchemaError      the tables are missing or older than this code needs;
+    │                        the message names the command that fixes it
+    └── Overloaded           too much work in flight: the request was shed; answer
+                             503 with ``Retry-After: <retry_after>``
 
 Driver exceptions are never raised bare: a store wraps them in `StorageError`
 (or `SchemaError`) with ``raise ... from exc`` so the original stays attached.
@@ -27,3 +29,14 @@ class StorageError(QuotaError):
 
 class SchemaError(StorageError):
     """The quota tables are missing or behind; run ``quota migrate``."""
+
+
+class Overloaded(QuotaError):
+    """Shed by a `ConcurrencyGuard`: too much work in flight. Answer 503.
+
+    `retry_after` is the whole seconds to send in the ``Retry-After`` header.
+    """
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -71,12 +71,8 @@ def _segment_pattern(pattern: str) -> str:
         raise ConfigurationError(f"path pattern {pattern!r} must start with '/'")
     if pattern == "/":
         return r"/.*"
-    body = pattern.rstrip("/") if pattern != "/" else ""
-    wildcard = body.endswith("/*")
-    if wildcard:
-        body = body[:-2]
     out = []
-    for segment in body.split("/")[1:]:
+    for segment in pattern.rstrip("/").split("/")[1:]:
         if (segment.startswith("{") and segment.endswith("}")) or segment == "*":
             out.append("/[^/]+")
         else:
