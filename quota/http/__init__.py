@@ -27,9 +27,9 @@ from quota.http._responses import EXPOSE_HEADERS, Denial, HttpResponse
 from quota.http._runtime import PolicyRow, delete_policy, list_policies, set_policy
 
 __all__ = [
-    "Denial",
     "ENV_VARS",
     "EXPOSE_HEADERS",
+    "Denial",
     "HttpConfig",
     "HttpResponse",
     "Identity",
