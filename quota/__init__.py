@@ -21,6 +21,7 @@ from quota._migrate import current_revision, downgrade, migrate
 from quota._ops import CleanupResult, Usage
 from quota._policy import parse_rates
 from quota._resilience import Fallback
+from quota._shedding import ConcurrencyGuard, SheddingMiddleware
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "ALGORITHMS",
     "AsyncLimiter",
     "CleanupResult",
+    "ConcurrencyGuard",
     "ConfigurationError",
     "Decision",
     "Fallback",
@@ -38,6 +40,7 @@ __all__ = [
     "QuotaError",
     "Rate",
     "SchemaError",
+    "SheddingMiddleware",
     "StorageError",
     "Usage",
     "connect",
