@@ -11,6 +11,7 @@ See README.md for the async face, migrations and the CLI.
 
 from __future__ import annotations
 
+from quota._abuse import AbuseDetector
 from quota._algorithms import ALGORITHMS, Rate
 from quota._core import Decision
 from quota._default import rate_limit, rate_limit_async
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALGORITHMS",
+    "AbuseDetector",
     "AsyncLimiter",
     "CleanupResult",
     "ConcurrencyGuard",
