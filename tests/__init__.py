@@ -1,0 +1,1 @@
+"""The test suite of `quota`; a package so spawned workers can import its helpers."""

@@ -1,0 +1,148 @@
+"""Helpers shared by the tests: an injectable clock and one sync face over every backend.
+
+Kept out of ``conftest.py`` so that test modules (and spawned worker
+processes) can import them by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import quota
+
+T = TypeVar("T")
+
+#: Names of the four rows of the backend table: ``<dialect>-<face>``.
+SQLITE_FACES = ("sqlite-sync", "sqlite-async")
+POSTGRES_FACES = ("postgresql-sync", "postgresql-async")
+
+#: A fixed instant, mid-minute and mid-hour, with a fractional second so
+#: rounding mistakes show: 1_750_003_200 is a whole hour.
+T0 = 1_750_003_200 + 1234.25
+
+
+class Clock:
+    """A clock the tests move by hand; pass it as ``clock=`` to `quota.connect`."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def window_start(now: float, window: int) -> int:
+    """The start of the epoch-aligned window holding `now`, as the spec states it."""
+    return int(now - now % window)
+
+
+def expected_retry_after(reset_at: int, now: float) -> int:
+    """Whole seconds until `reset_at`, rounded up, as the spec states it."""
+    return math.ceil(reset_at - now)
+
+
+def with_database(url: str, name: str) -> str:
+    """`url` pointing at database `name` on the same server."""
+    return urlsplit(url)._replace(path="/" + name).geturl()
+
+
+#: The `open_backend` fixture: ``open_backend("sqlite-sync", url, **options)``.
+OpenBackend = Callable[..., "Backend"]
+
+
+class Face:
+    """One limiter (sync or async) behind plain sync methods.
+
+    An async limiter's coroutines run on the event loop of the `Backend`
+    that made this face, so every call shares one loop and its connections.
+    """
+
+    def __init__(self, limiter: Any, run: Callable[[Any], Any]) -> None:
+        self.limiter = limiter
+        self._run = run
+
+    def rate_limit(self, key: Any, limit: Any, window: Any, **kwargs: Any) -> quota.Decision:
+        return self._run(self.limiter.rate_limit(key, limit, window, **kwargs))  # type: ignore[no-any-return]
+
+    def peek(self, key: Any, limit: Any, window: Any) -> quota.Decision:
+        return self._run(self.limiter.peek(key, limit, window))  # type: ignore[no-any-return]
+
+    def reset(self, key: Any, window: Any = None) -> int:
+        return self._run(self.limiter.reset(key, window))  # type: ignore[no-any-return]
+
+    def cleanup(self, **kwargs: Any) -> quota.CleanupResult:
+        return self._run(self.limiter.cleanup(**kwargs))  # type: ignore[no-any-return]
+
+    def top(self, n: int = 10) -> list[quota.Usage]:
+        return self._run(self.limiter.top(n))  # type: ignore[no-any-return]
+
+    def close_connections(self) -> None:
+        """`Limiter.close` or `AsyncLimiter.aclose`; the limiter stays usable."""
+        if isinstance(self.limiter, quota.AsyncLimiter):
+            self._run(self.limiter.aclose())
+        else:
+            self.limiter.close()
+
+
+class Backend(Face):
+    """One row of the backend table: a store URL, a face (sync/async) and a clock.
+
+    It is itself the face of its default limiter; `connect` makes more faces
+    on the same database (other options), all closed by `close`.
+    """
+
+    def __init__(self, name: str, url: str, clock: Clock, **options: Any) -> None:
+        self.name = name
+        self.dialect, face = name.split("-")
+        self.is_async = face == "async"
+        self.url = url
+        self.clock = clock
+        self._loop = asyncio.new_event_loop() if self.is_async else None
+        self._limiters: list[Any] = []
+        try:
+            default = self.connect(**options)
+        except BaseException:
+            self.close()
+            raise
+        super().__init__(default.limiter, self._run_value)
+
+    def _run_value(self, value: Any) -> Any:
+        if self._loop is None:
+            return value
+        return self._loop.run_until_complete(value)
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Run a coroutine on this backend's loop (async faces only)."""
+        assert self._loop is not None, f"{self.name} has no event loop"
+        return self._loop.run_until_complete(awaitable)
+
+    def connect(self, **options: Any) -> Face:
+        """Another limiter on the same database and face; ``clock`` defaults to ours."""
+        options.setdefault("clock", self.clock)
+        factory = quota.connect_async if self.is_async else quota.connect
+        limiter = factory(self.url, **options)
+        self._limiters.append(limiter)
+        return Face(limiter, self._run_value)
+
+    def close(self) -> None:
+        """Close every limiter this backend made, then its event loop. Idempotent."""
+        limiters, self._limiters = self._limiters, []
+        if self._loop is None:
+            for limiter in limiters:
+                limiter.close()
+            return
+        if self._loop.is_closed():
+            return
+        try:
+            for limiter in limiters:
+                self._loop.run_until_complete(limiter.aclose())
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        finally:
+            self._loop.close()

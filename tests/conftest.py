@@ -1,0 +1,210 @@
+"""Fixtures: the PostgreSQL switch, the injectable clock and the table of backends.
+
+PostgreSQL comes from ``$QUOTA_TEST_POSTGRES_URL``, else from
+``postgresql://root@127.0.0.1:5432/test`` when something listens on that
+port. Without it, tests marked ``postgres`` skip, unless
+``QUOTA_TEST_REQUIRE_POSTGRES=1``, where they fail (CI sets it so a dead
+service cannot turn the PostgreSQL half of the suite into silent skips).
+
+The session works in a database of its own on that server
+(``quota_test_<random>``, dropped at the end) when it may create one, so
+it neither sees nor clobbers counters of anyone else using the configured
+database; otherwise it uses the configured database as is. Either way the
+schema is migrated once and ``quota_counters`` is truncated before each test.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import quota
+from tests._support import (
+    POSTGRES_FACES,
+    SQLITE_FACES,
+    Backend,
+    Clock,
+    OpenBackend,
+    with_database,
+)
+
+DEFAULT_POSTGRES_URL = "postgresql://root@127.0.0.1:5432/test"
+ENV_URL = "QUOTA_TEST_POSTGRES_URL"
+ENV_REQUIRE = "QUOTA_TEST_REQUIRE_POSTGRES"
+
+
+@dataclass
+class _Postgres:
+    url: str | None
+    reason: str
+
+
+def _find_postgres() -> _Postgres:
+    url = os.environ.get(ENV_URL)
+    if url:
+        return _Postgres(url, "")
+    try:
+        socket.create_connection(("127.0.0.1", 5432), timeout=1).close()
+    except OSError as exc:
+        return _Postgres(
+            None,
+            f"PostgreSQL not available: ${ENV_URL} is unset and nothing listens on"
+            f" 127.0.0.1:5432 ({exc})",
+        )
+    return _Postgres(DEFAULT_POSTGRES_URL, "")
+
+
+_POSTGRES = _find_postgres()
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get(ENV_REQUIRE) == "1":
+        pytest.fail(f"{reason} (and {ENV_REQUIRE}=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("postgres") is not None and _POSTGRES.url is None:
+        _unavailable(_POSTGRES.reason)
+
+
+def pytest_report_header() -> str:
+    return f"quota postgres: {_POSTGRES.url or _POSTGRES.reason}"
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> str:
+    """The configured PostgreSQL URL, checked by connecting; skips (or fails) without one."""
+    if _POSTGRES.url is None:
+        _unavailable(_POSTGRES.reason)
+    assert _POSTGRES.url is not None
+    import psycopg
+
+    try:
+        psycopg.connect(_POSTGRES.url, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        _unavailable(f"PostgreSQL at {_POSTGRES.url} refused a connection: {exc}")
+    return _POSTGRES.url
+
+
+def _admin_execute(server_url: str, sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server_url: str) -> Iterator[str]:
+    """A migrated PostgreSQL database for this session (see the module docstring)."""
+    import psycopg
+
+    name = f"quota_test_{uuid.uuid4().hex[:12]}"
+    try:
+        _admin_execute(pg_server_url, f'CREATE DATABASE "{name}"')
+    except psycopg.errors.InsufficientPrivilege:
+        own_database = False
+    else:
+        own_database = True
+    if not own_database:
+        quota.migrate(pg_server_url)
+        yield pg_server_url
+        return
+    url = with_database(pg_server_url, name)
+    try:
+        quota.migrate(url)
+        yield url
+    finally:
+        _admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_clean_url(pg_url: str) -> str:
+    """`pg_url` with an empty counters table."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE quota_counters")
+    return pg_url
+
+
+@pytest.fixture
+def pg_make_database(pg_server_url: str) -> Iterator[Callable[[], str]]:
+    """Makes throwaway, empty databases on the server; drops them after the test."""
+    names: list[str] = []
+
+    def make() -> str:
+        name = f"quota_test_tmp_{uuid.uuid4().hex[:12]}"
+        _admin_execute(pg_server_url, f'CREATE DATABASE "{name}"')
+        names.append(name)
+        return with_database(pg_server_url, name)
+
+    yield make
+    for name in names:
+        _admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def open_backend() -> Iterator[OpenBackend]:
+    """Builds a `Backend` on any URL (``open_backend("sqlite-async", url, **options)``).
+
+    Each gets its own `Clock`; all are closed after the test.
+    """
+    made: list[Backend] = []
+
+    def open_(name: str, url: str, **options: Any) -> Backend:
+        made.append(Backend(name, url, Clock(), **options))
+        return made[-1]
+
+    yield open_
+    for backend in made:
+        backend.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh, migrated SQLite file."""
+    url = f"sqlite:///{tmp_path / 'quota.db'}"
+    quota.migrate(url)
+    return url
+
+
+def _faces(names: tuple[str, ...]) -> list[object]:
+    return [
+        pytest.param(name, id=name, marks=[pytest.mark.postgres] if name in POSTGRES_FACES else [])
+        for name in names
+    ]
+
+
+def _backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
+    name: str = request.param
+    fixture = "pg_clean_url" if name in POSTGRES_FACES else "sqlite_url"
+    backend = Backend(name, request.getfixturevalue(fixture), clock)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+@pytest.fixture(params=_faces(SQLITE_FACES + POSTGRES_FACES))
+def backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
+    """Every store and face: SQLite and PostgreSQL, each sync and async, on `clock`."""
+    yield from _backend(request, clock)
+
+
+@pytest.fixture(params=_faces(POSTGRES_FACES))
+def pg_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
+    """The PostgreSQL rows of the backend table only."""
+    yield from _backend(request, clock)

@@ -1,0 +1,173 @@
+"""Cleanup: ended windows go, running ones stay; on PostgreSQL one cleanup runs at a time."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+
+import quota
+from quota._sql import CLEANUP_LOCK_ID
+from tests import _workers
+from tests._support import Backend
+
+
+def _seed(backend: Backend, *, expired: int, live: int) -> tuple[list[str], list[str]]:
+    """`expired` keys in a 60 s window that ended over 2 minutes ago, `live` keys in running ones.
+
+    Returns (expired keys, live keys); every key holds one row with count 2.
+    """
+    old_keys = [f"old:{i}" for i in range(expired)]
+    live_keys = [f"live:{i}" for i in range(live)]
+    for key in old_keys:
+        backend.rate_limit(key, 10, 60)
+        backend.rate_limit(key, 10, 60)
+    backend.clock.advance(180)
+    for i, key in enumerate(live_keys):
+        window = 60 if i % 2 else 3600  # one row still running, of either length
+        backend.rate_limit(key, 10, window)
+        backend.rate_limit(key, 10, window)
+    return old_keys, live_keys
+
+
+def _remaining_rows(backend: Backend, keys: list[str]) -> list[str]:
+    """The keys among `keys` that still have a row (reset counts and deletes them)."""
+    return [key for key in keys if backend.reset(key) > 0]
+
+
+def test_cleanup_deletes_exactly_the_ended_windows(backend: Backend) -> None:
+    old_keys, live_keys = _seed(backend, expired=7, live=5)
+
+    result = backend.cleanup(grace=0)
+
+    assert result == quota.CleanupResult(deleted=7, expired=7)
+    for i, key in enumerate(live_keys):
+        assert backend.peek(key, 10, 60 if i % 2 else 3600).count == 2
+    assert _remaining_rows(backend, old_keys) == []
+    assert _remaining_rows(backend, live_keys) == live_keys
+
+
+def test_a_second_cleanup_finds_nothing(backend: Backend) -> None:
+    _seed(backend, expired=3, live=2)
+    assert backend.cleanup(grace=0).deleted == 3
+
+    assert backend.cleanup(grace=0) == quota.CleanupResult(deleted=0, expired=0)
+
+
+def test_a_dry_run_counts_without_deleting(backend: Backend) -> None:
+    old_keys, _ = _seed(backend, expired=4, live=3)
+
+    first = backend.cleanup(grace=0, dry_run=True)
+    second = backend.cleanup(grace=0, dry_run=True)
+
+    assert first == second == quota.CleanupResult(deleted=0, expired=4, dry_run=True)
+    assert backend.cleanup(grace=0).deleted == 4
+    assert _remaining_rows(backend, old_keys) == []
+
+
+def test_a_batch_smaller_than_the_work_still_deletes_everything(backend: Backend) -> None:
+    old_keys, live_keys = _seed(backend, expired=23, live=4)
+
+    result = backend.cleanup(grace=0, batch_size=5)
+
+    assert (result.deleted, result.expired, result.skipped) == (23, 23, False)
+    assert backend.cleanup(grace=0, dry_run=True).expired == 0
+    assert _remaining_rows(backend, old_keys) == []
+    assert _remaining_rows(backend, live_keys) == live_keys
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+def test_a_batch_size_that_divides_the_work_exactly(backend: Backend, batch_size: int) -> None:
+    """The loop stops on a short batch; an exact multiple ends with one empty batch."""
+    _seed(backend, expired=6, live=1)
+
+    assert backend.cleanup(grace=0, batch_size=batch_size).deleted == 6
+    assert backend.cleanup(grace=0, dry_run=True).expired == 0
+
+
+def test_the_grace_period_keeps_recently_ended_windows(backend: Backend) -> None:
+    window = 60
+    long_ago = backend.rate_limit("long-ago", 10, window)
+    backend.clock.now = long_ago.reset_at + 150
+    recent = backend.rate_limit("recent", 10, window)
+    backend.clock.now = recent.reset_at + 30
+    assert backend.clock.now - long_ago.reset_at > 60  # beyond the grace period
+
+    assert backend.cleanup(grace=60, dry_run=True).expired == 1
+    assert backend.cleanup(grace=60).deleted == 1
+    assert backend.reset("recent") == 1  # kept by the grace period ...
+    assert backend.reset("long-ago") == 0  # ... the older one is gone
+
+    backend.rate_limit("recent-again", 10, window)
+    backend.clock.advance(window + 5)
+    assert backend.cleanup(grace=0).deleted == 1
+
+
+def test_the_default_grace_keeps_a_window_that_just_ended(backend: Backend) -> None:
+    decision = backend.rate_limit("k", 10, 60)
+    backend.clock.now = decision.reset_at + 1
+
+    assert backend.cleanup().deleted == 0
+    assert backend.reset("k") == 1
+
+
+# --- PostgreSQL: one cleanup at a time --------------------------------------------------
+
+
+def test_cleanup_skips_while_another_holds_the_lock(pg_backend: Backend) -> None:
+    import psycopg
+
+    old_keys, _ = _seed(pg_backend, expired=5, live=2)
+
+    with psycopg.connect(pg_backend.url, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (CLEANUP_LOCK_ID,))
+        skipped = pg_backend.cleanup(grace=0)
+        dry = pg_backend.cleanup(grace=0, dry_run=True)
+        other.execute("SELECT pg_advisory_unlock(%s)", (CLEANUP_LOCK_ID,))
+
+    assert skipped.skipped
+    assert skipped.deleted == 0
+    assert dry.expired == 5
+
+    after = pg_backend.cleanup(grace=0)
+    assert (after.skipped, after.deleted) == (False, 5)
+    assert _remaining_rows(pg_backend, old_keys) == []
+
+
+def test_cleanup_releases_its_lock(pg_backend: Backend) -> None:
+    import psycopg
+
+    _seed(pg_backend, expired=2, live=0)
+    assert pg_backend.cleanup(grace=0).deleted == 2
+
+    with psycopg.connect(pg_backend.url, autocommit=True) as other:
+        got = other.execute("SELECT pg_try_advisory_lock(%s)", (CLEANUP_LOCK_ID,)).fetchone()
+        assert got == (True,)
+        other.execute("SELECT pg_advisory_unlock(%s)", (CLEANUP_LOCK_ID,))
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_two_cleanups_in_two_processes_share_no_work(pg_clean_url: str) -> None:
+    # Small batches, so that one run takes long enough for the other to start meanwhile.
+    rows, batch_size = 3000, 5
+    now = _workers.FIXED_NOW
+    # Load through the library: one key per row, in windows that have ended by `now`.
+    with quota.connect(pg_clean_url, clock=lambda: now - 600) as limiter:
+        for i in range(rows):
+            limiter.rate_limit(f"bulk:{i}", 1, 60)
+        assert limiter.cleanup(grace=0, dry_run=True).expired == 0  # not ended yet then
+
+    results = _workers.run_processes(
+        multiprocessing.get_context("spawn"),
+        _workers.cleanup_worker,
+        [(pg_clean_url, now, batch_size)] * 2,
+    )
+
+    assert sum(r["deleted"] for r in results) == rows
+    # Either the second one found the lock taken, or it ran after the first was done.
+    assert min(r["deleted"] for r in results) == 0, results
+    import psycopg
+
+    with psycopg.connect(pg_clean_url) as conn:
+        assert conn.execute("SELECT count(*) FROM quota_counters").fetchone() == (0,)

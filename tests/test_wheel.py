@@ -1,0 +1,119 @@
+"""The wheel is self-contained: migrations and CLI inside `quota`, nothing generic at the top.
+
+Builds the wheel from a copy of the working tree (so the checkout gets no
+``build/`` directory), installs it into a clean virtualenv (dependencies
+come from the normal package index) and drives the installed ``quota``
+command from a directory where the checkout is not importable.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: pip output meaning "no package index reachable", as opposed to a broken package.
+_NO_INDEX = (
+    "No matching distribution found",
+    "Could not find a version that satisfies",
+    "NewConnectionError",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "ProxyError",
+    "ConnectTimeoutError",
+)
+
+
+def _run(
+    args: list[str | Path], cwd: Path, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    return subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _pip_step(done: subprocess.CompletedProcess[str], what: str) -> None:
+    if done.returncode == 0:
+        return
+    output = done.stdout + done.stderr
+    if any(sign in output for sign in _NO_INDEX):
+        pytest.skip(f"{what}: pip cannot reach a package index:\n{output[-2000:]}")
+    pytest.fail(f"{what} failed:\n{output[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "src"
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", "tests", "build", "dist", "*.egg-info", "__pycache__", ".venv", "*.sqlite3*",
+            ".pytest_cache", ".ruff_cache", ".mypy_cache",
+        ),
+    )  # fmt: skip
+    dist = root / "dist"
+    done = _run([sys.executable, "-m", "build", "--wheel", "--outdir", dist, source], cwd=root)
+    _pip_step(done, "python -m build --wheel")
+    (built,) = dist.glob("quota-*.whl")
+    return built
+
+
+def test_the_wheel_carries_migrations_and_cli_inside_the_package(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = archive.read(entry_points).decode()
+
+    assert "quota/_migrations/env.py" in names
+    assert "quota/_migrations/script.py.mako" in names
+    assert any(n.startswith("quota/_migrations/versions/") and n.endswith(".py") for n in names)
+    assert "quota/_cli/__init__.py" in names
+    assert "quota/py.typed" in names
+    top_level = {n.split("/", 1)[0] for n in names}
+    assert {t for t in top_level if not t.endswith(".dist-info")} == {"quota"}
+    parser = configparser.ConfigParser()
+    parser.read_string(scripts)
+    assert parser["console_scripts"]["quota"] == "quota._cli:main"
+
+
+def test_the_installed_wheel_migrates_and_rate_limits(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    done = _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    python = venv / "bin" / "python"
+    quota_cmd = venv / "bin" / "quota"
+    _pip_step(_run([python, "-m", "pip", "install", wheel], cwd=tmp_path), "pip install the wheel")
+
+    where = _run([python, "-c", "import quota; print(quota.__file__)"], cwd=tmp_path)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(venv)
+    for generic in ("cli", "migrations"):
+        probe = _run([python, "-c", f"import {generic}"], cwd=tmp_path)
+        assert probe.returncode != 0, f"the wheel installed a top-level {generic!r} module"
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    migrated = _run([quota_cmd, "--url", url, "migrate"], cwd=tmp_path)
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+
+    allowed = _run(
+        [quota_cmd, "--url", url, "hit", "k", "--limit", "1", "--window", "60"], cwd=tmp_path
+    )
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    denied = _run(
+        [quota_cmd, "--url", url, "hit", "k", "--limit", "1", "--window", "60"], cwd=tmp_path
+    )
+    assert denied.returncode == 4, denied.stdout + denied.stderr
