@@ -390,6 +390,11 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
         store = SQLiteStore(
             parsed.target, parsed.url, busy_timeout=timeout, db_clock=options.database_clock
         )
+    elif parsed.dialect == "memory":
+        from quota._memory import MemoryStore, parse_target
+
+        name, max_keys = parse_target(parsed.target)
+        store = MemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
     else:
         from quota._postgres import PostgresStore
 
@@ -419,6 +424,11 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
             parsed.target, parsed.url, busy_timeout=fallback.timeout if fallback else options.timeout,
             db_clock=options.database_clock,
         )  # fmt: skip
+    elif parsed.dialect == "memory":
+        from quota._memory import AsyncMemoryStore, parse_target
+
+        name, max_keys = parse_target(parsed.target)
+        store = AsyncMemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
     else:
         from quota._postgres import AsyncPostgresStore
 

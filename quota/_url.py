@@ -5,6 +5,9 @@ SQLAlchemy; ``postgresql://user@host:port/db`` (``postgres://`` too). A
 ``+driver`` suffix picks the driver: ``+aiosqlite`` and ``+asyncpg`` are the
 async drivers, ``+pysqlite`` and ``+psycopg`` the sync ones. Without one,
 `quota.connect` uses the sync default and `quota.connect_async` the async one.
+
+``memory://`` (a store of its own per connect) and ``memory://NAME`` (shared
+by name within the process) keep no SQL schema: there is nothing to migrate.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from quota._errors import ConfigurationError
 DEFAULT_URL = "sqlite:///quota.sqlite3"
 ENV_VAR = "QUOTA_DATABASE_URL"
 
-_SYNC_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
-_ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
+_SYNC_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg", "memory": "memory"}
+_ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg", "memory": "memory"}
+#: Stores without a SQL schema (nothing to migrate).
+SCHEMALESS = ("memory",)
 KNOWN_SCHEMES = (
+    "memory",
     "postgres",
     "postgresql",
     "postgresql+asyncpg",
@@ -38,11 +44,12 @@ class StoreURL:
     url: str
     """The URL as given."""
     dialect: str
-    """``sqlite`` or ``postgresql``."""
+    """``sqlite``, ``postgresql`` or ``memory``."""
     driver: str | None
     """The explicit driver, or None for the face's default."""
     target: str
-    """The file path (SQLite) or the libpq DSN without a driver (PostgreSQL)."""
+    """The file path (SQLite), the libpq DSN without a driver (PostgreSQL) or
+    ``NAME?options`` (memory)."""
 
     @property
     def is_async_driver(self) -> bool:
@@ -64,7 +71,12 @@ class StoreURL:
         )
 
     def sqlalchemy_url(self) -> str:
-        """The URL SQLAlchemy and Alembic use for migrations."""
+        """The URL SQLAlchemy and Alembic use for migrations; `ConfigurationError` without a schema."""
+        if self.dialect in SCHEMALESS:
+            raise ConfigurationError(
+                f"url {self.url!r} is a {self.dialect} store, which keeps no SQL schema:"
+                " there is nothing to migrate (migrations are for sqlite:// and postgresql://)"
+            )
         if self.dialect == "sqlite":
             return f"sqlite:///{self.target}"
         driver = self.driver or "asyncpg"
@@ -87,6 +99,8 @@ def parse_url(url: object) -> StoreURL:
         raise ConfigurationError(
             f"unknown url scheme {scheme!r} in {url!r}; known schemes: {', '.join(KNOWN_SCHEMES)}"
         )
+    if scheme == "memory":
+        return StoreURL(url, "memory", None, rest)
     dialect, _, driver = scheme.partition("+")
     if dialect == "postgres":
         dialect = "postgresql"
