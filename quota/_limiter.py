@@ -395,6 +395,10 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
 
         name, max_keys = parse_target(parsed.target)
         store = MemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
+    elif parsed.dialect == "redis":
+        from quota._redis import RedisStore
+
+        store = RedisStore(parsed.url, timeout=timeout, db_clock=options.database_clock)
     else:
         from quota._postgres import PostgresStore
 
@@ -429,6 +433,13 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
 
         name, max_keys = parse_target(parsed.target)
         store = AsyncMemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
+    elif parsed.dialect == "redis":
+        from quota._redis import AsyncRedisStore
+
+        store = AsyncRedisStore(
+            parsed.url, timeout=fallback.timeout if fallback else options.timeout,
+            db_clock=options.database_clock,
+        )  # fmt: skip
     else:
         from quota._postgres import AsyncPostgresStore
 

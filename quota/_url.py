@@ -6,8 +6,9 @@ SQLAlchemy; ``postgresql://user@host:port/db`` (``postgres://`` too). A
 async drivers, ``+pysqlite`` and ``+psycopg`` the sync ones. Without one,
 `quota.connect` uses the sync default and `quota.connect_async` the async one.
 
-``memory://`` (a store of its own per connect) and ``memory://NAME`` (shared
-by name within the process) keep no SQL schema: there is nothing to migrate.
+``memory://`` (a store of its own per connect), ``memory://NAME`` (shared by
+name within the process) and ``redis://host:port/db`` (``rediss://`` for TLS)
+keep no SQL schema: there is nothing to migrate on them.
 """
 
 from __future__ import annotations
@@ -21,16 +22,20 @@ from quota._errors import ConfigurationError
 DEFAULT_URL = "sqlite:///quota.sqlite3"
 ENV_VAR = "QUOTA_DATABASE_URL"
 
-_SYNC_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg", "memory": "memory"}
-_ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg", "memory": "memory"}
+_SYNC_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg", "memory": "memory", "redis": "redis"}  # fmt: skip
+_ASYNC_DRIVERS = {
+    "sqlite": "aiosqlite", "postgresql": "asyncpg", "memory": "memory", "redis": "redis.asyncio",
+}  # fmt: skip
 #: Stores without a SQL schema (nothing to migrate).
-SCHEMALESS = ("memory",)
+SCHEMALESS = ("memory", "redis")
 KNOWN_SCHEMES = (
     "memory",
     "postgres",
     "postgresql",
     "postgresql+asyncpg",
     "postgresql+psycopg",
+    "redis",
+    "rediss",
     "sqlite",
     "sqlite+aiosqlite",
     "sqlite+pysqlite",
@@ -44,12 +49,12 @@ class StoreURL:
     url: str
     """The URL as given."""
     dialect: str
-    """``sqlite``, ``postgresql`` or ``memory``."""
+    """``sqlite``, ``postgresql``, ``memory`` or ``redis``."""
     driver: str | None
     """The explicit driver, or None for the face's default."""
     target: str
-    """The file path (SQLite), the libpq DSN without a driver (PostgreSQL) or
-    ``NAME?options`` (memory)."""
+    """The file path (SQLite), the libpq DSN without a driver (PostgreSQL), ``NAME?options``
+    (memory) or the URL itself (Redis)."""
 
     @property
     def is_async_driver(self) -> bool:
@@ -101,6 +106,8 @@ def parse_url(url: object) -> StoreURL:
         )
     if scheme == "memory":
         return StoreURL(url, "memory", None, rest)
+    if scheme in ("redis", "rediss"):
+        return StoreURL(url, "redis", None, url)
     dialect, _, driver = scheme.partition("+")
     if dialect == "postgres":
         dialect = "postgresql"
