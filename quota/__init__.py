@@ -15,6 +15,7 @@ from quota._abuse import AbuseDetector
 from quota._algorithms import ALGORITHMS, Rate
 from quota._core import Decision
 from quota._default import rate_limit, rate_limit_async
+from quota._doctor import Finding, diagnose
 from quota._errors import ConfigurationError, Overloaded, QuotaError, SchemaError, StorageError
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
 from quota._metrics import Metrics
@@ -35,6 +36,7 @@ __all__ = [
     "ConfigurationError",
     "Decision",
     "Fallback",
+    "Finding",
     "Limiter",
     "Metrics",
     "Options",
@@ -48,6 +50,7 @@ __all__ = [
     "connect",
     "connect_async",
     "current_revision",
+    "diagnose",
     "downgrade",
     "migrate",
     "parse_rates",

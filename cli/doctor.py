@@ -1,0 +1,73 @@
+"""``quota doctor``: the CLI face of `quota.diagnose`.
+
+Exit codes: 0 when no finding is an error (warnings are printed but pass,
+unless ``--strict``), 3 when one is (or, with ``--strict``, any warning).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+import quota
+from quota._doctor import ERROR, OK, WARN, display_url
+from quota._url import ENV_VAR
+
+from .main import EXIT_ERROR, main
+
+_MARK = {OK: "ok", WARN: "WARN", ERROR: "ERROR"}
+
+
+def exit_code(findings: list[quota.Finding], *, strict: bool = False) -> int:
+    """0, or `EXIT_ERROR` when a finding is an error (or, if `strict`, a warning)."""
+    failing = {ERROR, WARN} if strict else {ERROR}
+    return EXIT_ERROR if any(f.severity in failing for f in findings) else 0
+
+
+@main.command()
+@click.option(
+    "--url", "command_url",
+    help=f"Database URL; overrides `quota --url` and ${ENV_VAR}.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--strict", is_flag=True, help="Exit 3 on warnings too (for CI gates).")
+@click.option(
+    "--timeout", type=click.FloatRange(0, 600, min_open=True), default=5.0, show_default=True,
+    help="Seconds allowed for the connection and for each query.",
+)  # fmt: skip
+@click.pass_context
+def doctor(
+    ctx: click.Context, command_url: str | None, as_json: bool, strict: bool, timeout: float
+) -> None:
+    """Check the database and print what to fix.
+
+    Connectivity, schema revision, SQLite version and WAL, PostgreSQL table
+    settings (UNLOGGED, fillfactor, HOT updates) and clock skew between this
+    host and the database. Exits 0 when nothing is an error (warnings pass
+    unless --strict), 3 otherwise.
+    """
+    url: str = command_url or ctx.obj["url"]
+    findings = quota.diagnose(url, timeout=timeout)
+    code = exit_code(findings, strict=strict)
+    counts = {severity: sum(f.severity == severity for f in findings) for severity in _MARK}
+    if as_json:
+        data = {
+            "url": display_url(url),
+            "findings": [f.as_dict() for f in findings],
+            "counts": counts,
+            "exit_code": code,
+        }
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(f"quota doctor: {display_url(url)}")
+        for f in findings:
+            click.echo(f"  {_MARK[f.severity]:<5}  {f.check:<14} {f.message}")
+            if f.fix:
+                click.echo(f"  {'':<5}  {'':<14} fix: {f.fix}")
+        click.echo(
+            f"{counts[ERROR]} error(s), {counts[WARN]} warning(s), {counts[OK]} ok"
+            + (" (warnings fail: --strict)" if strict and counts[WARN] else "")
+        )
+    sys.exit(code)
