@@ -40,7 +40,9 @@ BEHIND = 3600
 TABLE = "quota_counters"
 DEFAULT_PARTITION = "quota_counters_default"
 #: Storage settings of every partition: room on each page keeps count updates HOT.
-STORAGE = "fillfactor = 70, autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05"
+STORAGE = (
+    "fillfactor = 70, autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05"
+)
 
 #: One row when the counters table is partitioned, none otherwise.
 IS_PARTITIONED = (

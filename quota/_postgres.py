@@ -200,9 +200,9 @@ class AsyncPostgresStore:
             sql = _sql.render(sql, "numeric_dollar")
         else:
             sql, params = _sql.bind(sql, params, "numeric_dollar", "postgresql", self.db_clock)  # type: ignore[arg-type]
+        pool, conn = await self._acquire()  # the first one finds out whether it is partitioned
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)
-        pool, conn = await self._acquire()
         try:
             return await conn.fetch(sql, *params, timeout=self._statement_timeout)  # type: ignore[no-any-return]
         except Exception as exc:
@@ -345,7 +345,9 @@ class PostgresStore:
             if self._partitioned:
                 text = _partitions.partitioned_sql(text)
             try:
-                return conn.execute(text, params).fetchall()
+                cursor = conn.execute(text, params)
+                # DDL (partition maintenance) returns no rows at all.
+                return cursor.fetchall() if cursor.description is not None else []
             except Exception as exc:
                 raise self._fail(conn, exc) from exc
 

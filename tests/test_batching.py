@@ -1,0 +1,517 @@
+"""Group commit (``batching=True``): concurrent hits share statements, every count stays exact.
+
+The batcher is first driven over a scripted store whose statements wait for
+the test's go-ahead, so which hits share a statement, and what a
+cancellation or an error does to them, is decided by the test, not by
+timing. Then the real stores: concurrent tasks and threads on SQLite and
+PostgreSQL, a database error in the middle of a batch, and several OS
+processes on one key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import sqlite3
+import threading
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import quota
+from quota import _sql
+from quota._batch import BATCH_HIT, AsyncBatchingStore, batch_params, split_counts
+from quota._store import Rows, Statement
+from tests import _batch_workers, _workers
+from tests._support import Backend, Clock
+
+KEY = "tenant:7"
+
+
+def _hit(key: str, cost: int = 1, now: float = 100.0) -> tuple[Any, ...]:
+    return (f"60:60:k:{key}", f"k:{key}", 60, 60, cost, now)
+
+
+# -- the pure parts -----------------------------------------------------------------------
+
+
+def test_batch_params_sum_costs_per_key_and_sort_the_keys() -> None:
+    hits = [_hit("b", 2), _hit("a", 1, now=101.0), _hit("b", 3, now=99.0), _hit("c", 1)]
+
+    keys, clients, starts, windows, costs, nows = batch_params("postgresql", hits)
+
+    assert keys == ["60:60:k:a", "60:60:k:b", "60:60:k:c"]
+    assert clients == ["k:a", "k:b", "k:c"]
+    assert (starts, windows) == ([60, 60, 60], [60, 60, 60])
+    assert costs == [1, 5, 1]
+    assert nows == [101.0, 100.0, 100.0]  # the latest hit's time per key
+    (payload,) = batch_params("sqlite", hits)
+    assert [row[0] for row in json.loads(payload)] == keys
+
+
+def test_each_hit_gets_its_prefix_sum_of_the_keys_total() -> None:
+    hits = [_hit("a", 2), _hit("b", 1), _hit("a", 3), _hit("a", 1), _hit("b", 4)]
+    # Totals after the statement: a was at 10 before (+6), b at 0 (+5).
+    counts = split_counts(hits, [("60:60:k:a", 16), ("60:60:k:b", 5)])
+
+    assert counts == [12, 1, 15, 16, 5]
+
+
+def test_a_key_missing_from_the_returned_rows_is_a_storage_error() -> None:
+    with pytest.raises(quota.StorageError, match="no count"):
+        split_counts([_hit("a")], [])
+
+
+# -- the async batcher over a scripted store ------------------------------------------------
+
+
+class ScriptedStore:
+    """An async store on a dict whose statements each wait for `release` before running.
+
+    It runs `_sql.HIT` and the SQLite batch statement, records every
+    statement it is sent, and raises `fail` (when set) instead of running
+    the next one.
+    """
+
+    dialect = "sqlite"
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.sent: list[tuple[str, Any]] = []
+        self.fail: BaseException | None = None
+        self._gates: asyncio.Queue[None] = asyncio.Queue()
+
+    def release(self, statements: int = 1) -> None:
+        for _ in range(statements):
+            self._gates.put_nowait(None)
+
+    async def execute(self, sql: Any, params: Any) -> Rows:
+        self.sent.append((sql, params))
+        await self._gates.get()
+        if self.fail is not None:
+            raise self.fail
+        if sql is _sql.HIT:
+            key, cost = params[0], params[4]
+            self.counts[key] = self.counts.get(key, 0) + cost
+            return [(self.counts[key],)]
+        assert sql == BATCH_HIT["sqlite"]
+        rows = []
+        for key, *_, cost, _now in json.loads(params[0]):
+            self.counts[key] = self.counts.get(key, 0) + cost
+            rows.append((key, self.counts[key]))
+        return rows
+
+    async def run(self, op: Generator[Statement, Rows, Any], *, transaction: bool) -> Any:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        pass
+
+    def batches(self) -> list[list[str]]:
+        """The bucket keys of each statement sent, one list per statement."""
+        return [
+            [params[0]] if sql is _sql.HIT else [row[0] for row in json.loads(params[0])]
+            for sql, params in self.sent
+        ]
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def _scripted(test: Callable[[ScriptedStore, quota.AsyncLimiter], Any], *, slots: int = 1) -> None:
+    async def main() -> None:
+        store = ScriptedStore()
+        batcher = AsyncBatchingStore(store, slots=slots)  # type: ignore[arg-type]
+        limiter = quota.AsyncLimiter(batcher, quota.Options(clock=lambda: 100.0))
+        await test(store, limiter)
+
+    asyncio.run(main())
+
+
+def test_a_lone_call_goes_out_at_once_as_the_one_by_one_statement() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        call = asyncio.ensure_future(limiter.rate_limit(KEY, 5, 60))
+        await _settle()
+        assert store.sent == [(_sql.HIT, _hit(KEY))]  # sent before anything was released
+        store.release()
+        assert (await call).count == 1
+
+    _scripted(test)
+
+
+def test_hits_arriving_while_a_statement_is_in_flight_share_the_next_one() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        keys = ["a", "b", "a", "c", "a", "b"]
+        costs = [1, 2, 3, 1, 2, 1]
+        first = asyncio.ensure_future(limiter.rate_limit("a", 100, 60))
+        await _settle()
+        rest = [
+            asyncio.ensure_future(limiter.rate_limit(k, 100, 60, cost=c))
+            for k, c in zip(keys, costs, strict=True)
+        ]
+        await _settle()
+        assert len(store.sent) == 1  # the others wait for the statement in flight
+        store.release(2)
+        decisions = await asyncio.gather(first, *rest)
+
+        assert store.batches() == [
+            ["60:60:k:a"],
+            ["60:60:k:a", "60:60:k:b", "60:60:k:c"],  # summed per key, sorted
+        ]
+        assert decisions[0].count == 1
+        for key in "abc":
+            mine = [
+                (c, d.count) for k, c, d in zip(keys, costs, decisions[1:], strict=True) if k == key
+            ]
+            before = 1 if key == "a" else 0
+            assert [count for _, count in mine] == [
+                before + total for total in accumulate(cost for cost, _ in mine)
+            ], key
+
+    _scripted(test)
+
+
+def test_a_caller_cancelled_while_waiting_is_not_counted_and_moves_nobody() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        first = asyncio.ensure_future(limiter.rate_limit(KEY, 100, 60))
+        await _settle()
+        waiting = [asyncio.ensure_future(limiter.rate_limit(KEY, 100, 60)) for _ in range(3)]
+        await _settle()
+        waiting[1].cancel()
+        store.release(2)
+        assert (await first).count == 1
+        assert (await waiting[0]).count == 2
+        with pytest.raises(asyncio.CancelledError):
+            await waiting[1]
+        assert (await waiting[2]).count == 3
+        assert store.counts == {f"60:60:k:{KEY}": 3}
+        assert [len(batch) for batch in store.batches()] == [1, 1]  # summed: one key
+
+        sent = json.loads(store.sent[1][1][0])
+        assert sent[0][4] == 2  # the batch carried two hits, not three
+
+    _scripted(test)
+
+
+def test_a_caller_cancelled_after_its_batch_was_sent_is_counted_and_moves_nobody() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        first = asyncio.ensure_future(limiter.rate_limit(KEY, 100, 60))
+        await _settle()
+        batch = [asyncio.ensure_future(limiter.rate_limit(KEY, 100, 60)) for _ in range(3)]
+        await _settle()
+        store.release()
+        await first
+        await _settle()
+        assert len(store.sent) == 2  # the batch is in flight
+        batch[0].cancel()
+        await _settle()
+        store.release()
+        with pytest.raises(asyncio.CancelledError):
+            await batch[0]
+        assert [(await call).count for call in batch[1:]] == [3, 4]
+        assert store.counts == {f"60:60:k:{KEY}": 4}
+
+    _scripted(test)
+
+
+def test_a_cancelled_lone_call_leaves_the_queue_to_be_sent() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        first = asyncio.ensure_future(limiter.rate_limit(KEY, 100, 60))
+        await _settle()
+        waiting = [asyncio.ensure_future(limiter.rate_limit(KEY, 100, 60)) for _ in range(2)]
+        await _settle()
+        first.cancel()  # its own statement is abandoned, as one by one
+        await _settle()
+        store.release()
+        assert sorted([(await call).count for call in waiting]) == [1, 2]
+
+    _scripted(test)
+
+
+def test_an_error_of_a_batch_reaches_every_caller_in_it() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        first = asyncio.ensure_future(limiter.rate_limit(KEY, 100, 60))
+        await _settle()
+        batch = [asyncio.ensure_future(limiter.rate_limit(f"k{i}", 100, 60)) for i in range(4)]
+        await _settle()
+        store.release()
+        await first
+        store.fail = quota.StorageError("SQLite error: disk I/O error")
+        store.release()
+        outcomes = await asyncio.gather(*batch, return_exceptions=True)
+        assert all(outcome is store.fail for outcome in outcomes), outcomes
+        assert len(store.batches()[1]) == 4  # they did share the failed statement
+        # The batcher is idle again, and the next hit goes out on its own.
+        store.fail = None
+        again = asyncio.ensure_future(limiter.rate_limit(KEY, 100, 60))
+        await _settle()
+        store.release()
+        assert (await again).count == 2
+
+    _scripted(test)
+
+
+def test_a_batch_never_carries_more_than_max_batch_hits() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        batcher = limiter.store
+        assert isinstance(batcher, AsyncBatchingStore)
+        batcher.max_batch = 3
+        calls = [asyncio.ensure_future(limiter.rate_limit(f"k{i}", 100, 60)) for i in range(8)]
+        await _settle()
+        store.release(4)
+        await asyncio.gather(*calls)
+        assert [len(batch) for batch in store.batches()] == [1, 3, 3, 1]
+
+    _scripted(test)
+
+
+def test_two_slots_send_a_second_lone_call_while_the_first_is_in_flight() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        calls = [asyncio.ensure_future(limiter.rate_limit(f"k{i}", 100, 60)) for i in range(5)]
+        await _settle()
+        assert len(store.sent) == 2  # two alone, three waiting
+        store.release(3)
+        await asyncio.gather(*calls)
+        assert [len(batch) for batch in store.batches()] == [1, 1, 3]
+
+    _scripted(test, slots=2)
+
+
+def test_only_the_counting_fixed_window_statement_is_batched() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        batcher = limiter.store
+        assert isinstance(batcher, AsyncBatchingStore)
+        other = asyncio.ensure_future(batcher.execute(_sql.PEEK, ("x",)))
+        await _settle()
+        assert store.sent == [(_sql.PEEK, ("x",))]
+        other.cancel()
+
+    _scripted(test)
+
+
+# -- real stores -------------------------------------------------------------------------------
+
+
+class _Spy:
+    """Counts the statements a store is sent."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.hit_statements = 0
+        self.batch_statements = 0
+        self._execute = store.execute
+        store.execute = self.execute
+
+    def execute(self, sql: Any, params: Sequence[Any] | Mapping[str, Any]) -> Any:
+        if sql is _sql.HIT:
+            self.hit_statements += 1
+        elif sql in BATCH_HIT.values():
+            self.batch_statements += 1
+        return self._execute(sql, params)
+
+
+def _face(name: str) -> Any:
+    marks = [pytest.mark.postgres] if name.startswith("postgresql") else []
+    return pytest.param(name, id=name, marks=marks)
+
+
+def _make_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
+    name: str = request.param
+    url = request.getfixturevalue("pg_clean_url" if name.startswith("postgresql") else "sqlite_url")
+    backend = Backend(name, url, clock)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+@pytest.fixture(params=[_face("sqlite-async"), _face("postgresql-async")])
+def async_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
+    """The async faces (concurrent tasks)."""
+    yield from _make_backend(request, clock)
+
+
+@pytest.fixture(params=[_face("sqlite-sync"), _face("postgresql-sync")])
+def sync_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
+    """The sync faces (concurrent threads)."""
+    yield from _make_backend(request, clock)
+
+
+def _batched(backend: Backend, **options: Any) -> tuple[Any, _Spy]:
+    face = backend.connect(batching=True, **options)
+    inner = face.limiter.store.store
+    return face.limiter, _Spy(inner)
+
+
+def _check_positions(counts: list[int], limit: int, allowed: int) -> None:
+    assert sorted(counts) == list(range(1, len(counts) + 1))
+    assert allowed == limit
+
+
+def test_concurrent_tasks_on_one_key_get_every_count_once(async_backend: Backend) -> None:
+    backend = async_backend
+    limiter, spy = _batched(backend, pool_size=4)
+    limit, calls = 40, 300
+
+    async def main() -> list[quota.Decision]:
+        return await asyncio.gather(*(limiter.rate_limit(KEY, limit, 60) for _ in range(calls)))
+
+    decisions = backend.run(main())
+
+    _check_positions([d.count for d in decisions], limit, sum(d.allowed for d in decisions))
+    assert spy.batch_statements >= 1
+    assert spy.hit_statements + spy.batch_statements < calls / 4
+    assert backend.peek(KEY, limit, 60).count == calls
+
+
+def test_mixed_keys_and_costs_in_concurrent_tasks(async_backend: Backend) -> None:
+    backend = async_backend
+    limiter, spy = _batched(backend)
+    keys = [f"key-{i % 7}" for i in range(140)]
+    costs = [1 + i % 3 for i in range(140)]
+
+    async def main() -> list[quota.Decision]:
+        return await asyncio.gather(
+            *(limiter.rate_limit(k, 1000, 60, cost=c) for k, c in zip(keys, costs, strict=True))
+        )
+
+    decisions = backend.run(main())
+
+    assert spy.batch_statements >= 1
+    for key in set(keys):
+        mine = sorted(
+            (d.count, c) for k, c, d in zip(keys, costs, decisions, strict=True) if k == key
+        )
+        # Positions are exact prefix sums of the costs, in some order of the hits.
+        assert [count for count, _ in mine] == list(accumulate(cost for _, cost in mine))
+        assert backend.peek(key, 1000, 60).count == mine[-1][0]
+
+
+def test_concurrent_threads_on_one_key_get_every_count_once(sync_backend: Backend) -> None:
+    backend = sync_backend
+    limiter, spy = _batched(backend)
+    limit, threads, hits = 25, 8, 30
+    counts: list[int] = []
+    allowed = [0]
+    lock = threading.Lock()
+    start = threading.Barrier(threads)
+
+    def caller() -> None:
+        start.wait()
+        mine = [limiter.rate_limit(KEY, limit, 60) for _ in range(hits)]
+        with lock:
+            counts.extend(d.count for d in mine)
+            allowed[0] += sum(d.allowed for d in mine)
+
+    workers = [threading.Thread(target=caller) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+    _check_positions(counts, limit, allowed[0])
+    assert spy.hit_statements + spy.batch_statements <= threads * hits
+    assert backend.peek(KEY, limit, 60).count == threads * hits
+
+
+def test_count_denied_false_goes_one_by_one_and_stays_capped(async_backend: Backend) -> None:
+    backend = async_backend
+    limiter, spy = _batched(backend, count_denied=False)
+
+    async def main() -> list[quota.Decision]:
+        return await asyncio.gather(*(limiter.rate_limit(KEY, 10, 60) for _ in range(30)))
+
+    decisions = backend.run(main())
+
+    assert sum(d.allowed for d in decisions) == 10
+    assert spy.batch_statements == 0
+    assert backend.peek(KEY, 10, 60).count == 10
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def throwaway_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated database of its own (its counters table is about to be dropped)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'throwaway.db'}"
+    else:
+        make: Callable[[], str] = request.getfixturevalue("pg_make_database")
+        url = make()
+    quota.migrate(url)
+    return url
+
+
+def _drop_counters(url: str) -> None:
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            conn.execute("DROP TABLE quota_counters")
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE quota_counters")
+
+
+def test_a_database_error_in_a_batch_reaches_every_caller_as_one_by_one(
+    throwaway_url: str,
+) -> None:
+    async def main() -> tuple[BaseException, list[Any], _Spy]:
+        one_by_one = quota.connect_async(throwaway_url)
+        batched = quota.connect_async(throwaway_url, batching=True)
+        spy = _Spy(batched.store.store)  # type: ignore[attr-defined]
+        try:
+            # Both connected (schema checked) while the table is there.
+            await one_by_one.rate_limit("warm", 10, 60)
+            await batched.rate_limit("warm", 10, 60)
+            _drop_counters(throwaway_url)
+            try:
+                await one_by_one.rate_limit(KEY, 10, 60)
+            except quota.QuotaError as exc:
+                alone: BaseException = exc
+            else:  # pragma: no cover - the assertion below reports it
+                raise AssertionError("a hit on a dropped table did not fail")
+            outcomes = await asyncio.gather(
+                *(batched.rate_limit(f"k{i}", 10, 60) for i in range(20)),
+                return_exceptions=True,
+            )
+            return alone, outcomes, spy
+        finally:
+            await one_by_one.aclose()
+            await batched.aclose()
+
+    alone, outcomes, spy = asyncio.run(main())
+
+    assert isinstance(alone, quota.SchemaError)
+    assert spy.batch_statements >= 1
+    assert [type(outcome) for outcome in outcomes] == [type(alone)] * 20
+    assert all("quota migrate" in str(outcome) for outcome in outcomes)
+
+
+# -- several OS processes -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "dialect", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def test_processes_batching_on_one_key_allow_exactly_the_limit(
+    dialect: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("sqlite_url" if dialect == "sqlite" else "pg_clean_url")
+    limit, callers, hits = 37, 6, 15
+    faces = ["async", "sync", "async", "sync"]
+    results = _workers.run_processes(
+        multiprocessing.get_context("spawn"),
+        _batch_workers.batched_hit_worker,
+        [(url, face, KEY, limit, callers, hits) for face in faces],
+    )
+    counts = [count for result in results for count in result]
+    assert sorted(counts) == list(range(1, len(faces) * callers * hits + 1))
+    assert sum(count <= limit for count in counts) == limit
+    with quota.connect(url, clock=lambda: _workers.FIXED_NOW) as limiter:
+        assert limiter.peek(KEY, limit, 3600).count == len(counts)
