@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -300,6 +301,16 @@ def demo(ctx: click.Context, clients: int) -> None:
     "--face", type=click.Choice(["auto", "sync", "async"]), default="auto", show_default=True,
     help="auto: async for PostgreSQL, sync for SQLite (the targets of the README).",
 )  # fmt: skip
+@click.option(
+    "--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
+    help="Run the batching report instead (1/8/64/256 callers, distinct keys and one hot key,"
+    " bare driver / one by one / batched, on SQLite and on --url if PostgreSQL; cleanup of"
+    " 1,000,000 rows): print a table, write report.json and PNG plots into this directory.",
+)  # fmt: skip
+@click.option(
+    "--cleanup-rows", type=int, default=1_000_000, show_default=True,
+    help="With --report: expired rows the cleanup scenario removes.",
+)  # fmt: skip
 @_json_option
 @click.pass_context
 def bench(
@@ -309,15 +320,30 @@ def bench(
     duration: float,
     runs: int,
     face: str,
+    report_dir: Path | None,
+    cleanup_rows: int,
     as_json: bool,
 ) -> None:
     """Decisions per second of quota beside the bare driver doing the same upsert.
 
     Runs against --url (migrating it first). Prints both rates and their
-    ratio, medians of --runs alternating runs.
+    ratio, medians of --runs alternating runs. With --report DIR, runs the
+    batching report (--duration and --runs per measurement) instead.
     """
     from quota._bench import run_bench
 
+    if report_dir is not None:
+        from quota._bench_report import run_report
+
+        url = _url(ctx)
+        with _errors():
+            pg = url if quota._url.parse_url(url).dialect == "postgresql" else None
+            result = run_report(
+                pg, report_dir, duration=duration, runs=runs, cleanup_rows=cleanup_rows,
+                echo=lambda line: click.echo(line, err=True),
+            )  # fmt: skip
+        _emit(result, as_json, result["table"])
+        return
     with _errors():
         report = run_bench(
             _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face
