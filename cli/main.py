@@ -100,11 +100,22 @@ def main(ctx: click.Context, url: str) -> None:
     is_flag=True,
     help="PostgreSQL: create the counters table as a normal logged table instead of UNLOGGED.",
 )
+@click.option(
+    "--partitioned-counters",
+    is_flag=True,
+    help="PostgreSQL: create the counters table range-partitioned by window start, so"
+    " cleanup drops whole expired partitions instead of deleting rows.",
+)
 @click.pass_context
-def migrate(ctx: click.Context, revision: str, sql: bool, logged_counters: bool) -> None:
+def migrate(
+    ctx: click.Context, revision: str, sql: bool, logged_counters: bool, partitioned_counters: bool
+) -> None:
     """Create or upgrade the quota tables (the deploy step)."""
     with _errors():
-        quota.migrate(_url(ctx), revision=revision, sql=sql, counters_logged=logged_counters)
+        quota.migrate(
+            _url(ctx), revision=revision, sql=sql, counters_logged=logged_counters,
+            counters_partitioned=partitioned_counters,
+        )  # fmt: skip
     if not sql:
         click.echo(f"quota schema at {quota.current_revision(_url(ctx))}", err=True)
 
