@@ -63,6 +63,21 @@ def _url(ctx: click.Context) -> str:
     return url
 
 
+def _set_url(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.ensure_object(dict)["url"] = value
+
+
+#: ``quota COMMAND --url URL`` works as well as ``quota --url URL COMMAND``.
+url_option = click.option(
+    "--url",
+    default=None,
+    expose_value=False,
+    callback=_set_url,
+    help="Database URL for this command (instead of the global --url).",
+)
+
+
 def _limiter(ctx: click.Context) -> quota.Limiter:
     with _errors():
         return quota.connect(_url(ctx))
@@ -93,6 +108,7 @@ def main(ctx: click.Context, url: str) -> None:
 
 
 @main.command()
+@url_option
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
 @click.option("--sql", is_flag=True, help="Print the SQL instead of running it (for a DBA).")
 @click.option(
@@ -121,6 +137,7 @@ def migrate(
 
 
 @main.command()
+@url_option
 @click.argument("revision")
 @click.option("--sql", is_flag=True, help="Print the SQL instead of running it.")
 @click.pass_context

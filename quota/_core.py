@@ -184,6 +184,17 @@ def decide(
     return _decision(False, key, limit, 0, count, window, reset_at, retry_after(reset_at, now))
 
 
+def decide_uncounted(
+    key: str, limit: int, window: int, window_start: int, now: float, stored: int
+) -> Decision:
+    """A denial that was not counted (``count_denied=False``), with the count the window holds."""
+    reset_at = window_start + window
+    remaining = max(0, limit - stored)
+    return _decision(
+        False, key, limit, remaining, stored, window, reset_at, retry_after(reset_at, now)
+    )
+
+
 def peek_decision(
     key: str, limit: int, window: int, window_start: int, now: float, count: int
 ) -> Decision:

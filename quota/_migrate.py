@@ -27,7 +27,7 @@ from alembic.runtime.environment import EnvironmentContext
 from quota._errors import ConfigurationError, StorageError
 from quota._schema import metadata
 from quota._sql import VERSION_TABLE
-from quota._url import default_url, parse_url
+from quota._url import default_url, parse_url, redact
 
 #: Options a migration reads, from ``migrate(**options)`` or ``alembic -x name=value``.
 OPTION_COUNTERS_LOGGED = "counters_logged"
@@ -116,7 +116,9 @@ def _alembic_errors(url: str | None) -> Iterator[None]:
     try:
         yield
     except (sa.exc.OperationalError, sa.exc.InterfaceError, OSError) as exc:
-        raise StorageError(f"migration failed on {url or 'the given connection'}: {exc}") from exc
+        where = redact(url) if url else "the given connection"
+        text = str(exc).replace(url, where) if url else str(exc)
+        raise StorageError(f"migration failed on {where}: {text}") from exc
 
 
 def _prepare(

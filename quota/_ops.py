@@ -146,7 +146,7 @@ class Usage:
 
 def top(now: float, limit: int) -> Generator[Statement, Rows, list[Usage]]:
     """The busiest keys in windows that have not ended yet, busiest first."""
-    check_int("limit", limit, maximum=100_000)
+    check_int("n", limit, maximum=100_000)
     rows = yield _sql.TOP, (int(now), limit)
     return [
         Usage(display_key(str(k)), int(w), int(c), int(start) + int(w)) for k, w, start, c in rows

@@ -17,9 +17,10 @@ import asyncpg
 
 from quota import _partitions, _sql
 from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
-from quota._schema import check_version
+from quota._schema import check_version, migrate_hint
 from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
+from quota._url import redact
 
 if TYPE_CHECKING:
     import psycopg
@@ -42,19 +43,13 @@ def wrap_error(exc: BaseException, url: str) -> QuotaError:
     if isinstance(exc, QuotaError):
         return exc
     if _is_undefined_table(exc):
-        return SchemaError(
-            f"{exc}; the quota tables are missing, run `quota migrate --url '{url}'`"
-        )
-    return StorageError(f"PostgreSQL error on {_redact(url)}: {type(exc).__name__}: {exc}")
+        return SchemaError(f"{exc}; the quota tables are missing, run `{migrate_hint(url)}`")
+    return StorageError(f"PostgreSQL error on {redact(url)}: {type(exc).__name__}: {exc}")
 
 
 def _redact(url: str) -> str:
-    """`url` without its password, for messages and logs."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at or ":" not in creds:
-        return url
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
+    """`url` without its password (kept for callers of the old name)."""
+    return redact(url)
 
 
 class _Pool:
@@ -182,7 +177,7 @@ class AsyncPostgresStore:
                 check_version(rows, self.url)
             except BaseException as exc:
                 await pool.close()
-                if isinstance(exc, Exception):
+                if isinstance(exc, Exception) and not isinstance(exc, QuotaError):
                     raise wrap_error(exc, self.url) from exc
                 raise
             self._pool = pool
@@ -229,6 +224,8 @@ class AsyncPostgresStore:
                 if self._relaxed:
                     await conn.execute(DURABLE_TRANSACTION)
                 return await adrive(op, execute)
+        except QuotaError:
+            raise
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
         finally:

@@ -31,6 +31,19 @@ counters = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),
 )
 
+state = sa.Table(
+    "quota_state",
+    metadata,
+    sa.Column("bucket_key", sa.Text, primary_key=True),
+    sa.Column("client_key", sa.Text, nullable=False),
+    sa.Column("window_seconds", sa.Integer, nullable=False),
+    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("prev_value", sa.Float, nullable=False),
+    sa.Column("stamp", sa.Float, nullable=False),
+    sa.Column("allowed", sa.SmallInteger, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)
+
 #: Durable quotas (revision 0002_quotas): usage per period, and the ledger.
 quota_usage = sa.Table(
     "quota_usage",
@@ -102,8 +115,10 @@ quota_policies = sa.Table(
 
 
 def migrate_hint(url: str | None = None) -> str:
-    """The command that brings the schema up to date, for error messages."""
-    return "quota migrate" + (f" --url '{url}'" if url else "")
+    """The command that brings the schema up to date, for error messages (password hidden)."""
+    from quota._url import redact
+
+    return "quota migrate" + (f" --url '{redact(url)}'" if url else "")
 
 
 def check_version(rows: Sequence[Sequence[Any]] | None, url: str | None = None) -> None:

@@ -17,7 +17,7 @@ import aiosqlite
 
 from quota import _sql
 from quota._errors import ConfigurationError, SchemaError, StorageError
-from quota._schema import check_version
+from quota._schema import check_version, migrate_hint
 from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
 
@@ -47,9 +47,7 @@ def pragmas(busy_timeout: float) -> tuple[str, ...]:
 def wrap_error(exc: Exception, url: str) -> StorageError:
     """The `quota` error for a sqlite3 error: missing tables become `SchemaError`."""
     if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
-        return SchemaError(
-            f"{exc}; the quota tables are missing, run `quota migrate --url '{url}'`"
-        )
+        return SchemaError(f"{exc}; the quota tables are missing, run `{migrate_hint(url)}`")
     return StorageError(f"SQLite error on {url}: {exc}")
 
 

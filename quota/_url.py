@@ -67,8 +67,8 @@ class StoreURL:
             return wanted
         if asynchronous:
             raise ConfigurationError(
-                f"url {self.url!r} names the sync driver {self.driver!r}; quota.connect_async()"
-                f" needs {self.dialect}+{wanted}:// or a URL without a driver"
+                f"url {self.url!r} names the sync driver {self.driver!r}; use quota.connect(url)"
+                f" for it, or {self.dialect}+{wanted}:// (or no driver) with quota.connect_async()"
             )
         raise ConfigurationError(
             f"url {self.url!r} names the async driver {self.driver!r}; use"
@@ -86,6 +86,15 @@ class StoreURL:
             return f"sqlite:///{self.target}"
         driver = self.driver or "asyncpg"
         return f"postgresql+{driver}://{self.target.split('://', 1)[1]}"
+
+
+def redact(url: str) -> str:
+    """`url` without its password, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
 
 
 def default_url() -> str:

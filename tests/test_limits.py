@@ -142,11 +142,6 @@ def test_a_client_that_keeps_hammering_stays_blocked_only_when_denied_hits_count
     assert backend.peek("capped", 5, 60).allowed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with count_denied=False a denied hit of cost > 1 reports count=limit and"
-    " remaining=0, though the stored count is lower and a smaller hit would still pass",
-)
 def test_count_denied_false_reports_the_real_count_when_a_costly_hit_is_denied(
     backend: Backend,
 ) -> None:
@@ -268,11 +263,6 @@ def test_a_cost_outside_one_to_limit_is_a_configuration_error(backend: Backend, 
     assert backend.peek("k", 5, 60).count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: cost=True and cost=1.0 skip validation (they compare equal to 1); limit and"
-    " window reject bool and float. psycopg then fails with StorageError (boolean into bigint)",
-)
 @pytest.mark.parametrize("cost", [True, 1.0], ids=["bool", "float"])
 def test_a_cost_that_is_not_an_int_is_a_configuration_error(backend: Backend, cost: object) -> None:
     with pytest.raises(quota.ConfigurationError, match="cost"):

@@ -107,11 +107,6 @@ def test_a_limiter_on_an_unmigrated_database_raises_schema_error_naming_quota_mi
     _faces(
         *SQLITE_FACES,
         *POSTGRES_FACES,
-        xfail={
-            "postgresql-async": "BUG: AsyncPostgresStore.run (and _start) re-raise a quota error"
-            " `from` itself (`raise wrap_error(exc) from exc` where wrap_error returns exc), so"
-            " __cause__ is the error itself and the driver's UndefinedTableError is dropped",
-        },
     ),
 )
 def test_a_missing_counters_table_is_a_schema_error_chained_to_the_driver_error(
@@ -303,12 +298,6 @@ def test_alembic_upgrade_head_from_the_checkout(tmp_path: Path, head: str) -> No
     assert {"quota_counters", "quota_alembic_version"} <= tables
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: SchemaError says to run `quota migrate --url '<url>'`, but the CLI takes --url"
-    " only before the command (`quota --url <url> migrate`); the advised command exits 2 with"
-    " \"No such option '--url'\"",
-)
 def test_the_command_a_schema_error_names_fixes_the_database(tmp_path: Path, head: str) -> None:
     from click.testing import CliRunner
     from quota._cli import main

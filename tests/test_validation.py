@@ -93,11 +93,6 @@ def test_bad_cleanup_arguments_are_rejected(backend: Backend, name: str, value: 
     _assert_names(info.value, name, value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: top(n) validates n under the name 'limit': the message says"
-    " 'limit must be between 1 and 100000, got 0' for top(0)",
-)
 def test_a_bad_top_count_names_n(backend: Backend) -> None:
     with pytest.raises(quota.ConfigurationError) as info:
         backend.top(0)
@@ -160,11 +155,6 @@ def test_connect_with_an_async_driver_points_to_connect_async(url: str) -> None:
     assert "connect_async" in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: connect_async() with a sync driver (+psycopg, +pysqlite) says which async driver"
-    " it needs but, unlike connect() with an async driver, never points to quota.connect()",
-)
 @pytest.mark.parametrize(
     "url", ["sqlite+pysqlite:///x.db", "postgresql+psycopg://root@127.0.0.1:5432/test"]
 )
@@ -293,12 +283,6 @@ SECRET = "s3cr3t-pw"
 #: Port 1 on localhost refuses connections, so these fail without any server.
 REFUSED_WITH_PASSWORD = f"postgresql://root:{SECRET}@127.0.0.1:1/db"
 
-_LEAKS_URL = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: migrate() and current_revision() wrap connection failures as"
-    " StorageError('migration failed on <url>: …') with the URL unredacted, password included"
-    " (the stores redact it with _redact)",
-)
 
 
 @pytest.mark.parametrize(
@@ -306,8 +290,8 @@ _LEAKS_URL = pytest.mark.xfail(
     [
         pytest.param("connect", id="connect"),
         pytest.param("connect_async", id="connect_async"),
-        pytest.param("migrate", id="migrate", marks=_LEAKS_URL),
-        pytest.param("current_revision", id="current_revision", marks=_LEAKS_URL),
+        pytest.param("migrate", id="migrate", marks=()),
+        pytest.param("current_revision", id="current_revision", marks=()),
     ],
 )
 def test_an_unreachable_server_is_a_storage_error_without_the_password(
@@ -329,11 +313,6 @@ def test_an_unreachable_server_is_a_storage_error_without_the_password(
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the SchemaError hint `quota migrate --url '<url>'` repeats the URL unredacted,"
-    " so the database password lands in the exception message (and in logs)",
-)
 @pytest.mark.parametrize("face", ["sync", "async"])
 def test_a_schema_error_does_not_show_the_password(
     pg_make_database: Callable[[], str], face: str, open_backend: OpenBackend
