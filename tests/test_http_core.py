@@ -40,7 +40,7 @@ from quota.http._identity import (
     verify_signature,
 )
 from quota.http._policy import ScaledRates, compile_paths, scale_rate
-from quota.http._responses import expose, rate_limit_headers
+from quota.http._responses import PolicyShape, expose, rate_limit_headers
 from quota.http._runtime import RuntimePolicies
 
 SECRET = "core-test-secret-0123456789"
@@ -444,8 +444,8 @@ DECISION = Decision(True, "k", 100, 40, 60, 60, 1_750_000_020, 0)
 
 
 def test_headers_in_each_style() -> None:
-    limits = [(100, 60), (1000, 86400)]
-    both = dict(rate_limit_headers(DECISION, "api", limits, NOW, "both", retry_after=False))
+    shape = PolicyShape("api", [(100, 60), (1000, 86400)])
+    both = dict(rate_limit_headers(DECISION, shape, NOW, "both", retry_after=False))
     assert both == {
         "X-RateLimit-Limit": "100",
         "X-RateLimit-Remaining": "40",
@@ -453,12 +453,25 @@ def test_headers_in_each_style() -> None:
         "RateLimit-Policy": '"api-0";q=100;w=60, "api-1";q=1000;w=86400',
         "RateLimit": '"api-0";r=40;t=20',
     }
-    assert [n for n, _ in rate_limit_headers(DECISION, "api", limits, NOW, "legacy", retry_after=False)] == [
+    assert [n for n, _ in rate_limit_headers(DECISION, shape, NOW, "legacy", retry_after=False)] == [
         "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
     ]  # fmt: skip
-    assert rate_limit_headers(DECISION, "api", limits, NOW, "none", retry_after=True) == [
+    assert rate_limit_headers(DECISION, shape, NOW, "none", retry_after=True) == [
         ("Retry-After", "0")
     ]
+
+
+def test_the_ietf_fields_name_the_rate_that_decided() -> None:
+    shape = PolicyShape("api", [(100, 60), (1000, 86400)])
+    daily = Decision(True, "k", 1000, 9, 991, 86400, 1_750_000_020, 0)
+
+    ietf = dict(rate_limit_headers(daily, shape, NOW, "ietf", retry_after=False))
+
+    assert ietf == {
+        "RateLimit-Policy": '"api-0";q=100;w=60, "api-1";q=1000;w=86400',
+        "RateLimit": '"api-1";r=9;t=20',
+    }
+    assert PolicyShape('a"b', [(5, 1)]).policy == '"a\\"b";q=5;w=1'
 
 
 def test_exposure_merges_with_the_apps_list() -> None:

@@ -50,6 +50,7 @@ from quota.http._responses import (
     Denial,
     Headers,
     HttpResponse,
+    PolicyShape,
     ResponseFactory,
     expose,
     rate_limit_headers,
@@ -64,7 +65,7 @@ log = logging.getLogger("quota.http")
 Observer = Callable[[str, Mapping[str, str]], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hit:
     """Effect: count one request on `key` under `rates`."""
 
@@ -85,7 +86,7 @@ LOAD_POLICIES = _LoadPolicies()
 Effect = Hit | _LoadPolicies
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Verdict:
     """What a driver does with a request."""
 
@@ -114,6 +115,7 @@ class Metrics:
 
     def __init__(self, observer: Observer | None = None) -> None:
         self._counts: dict[str, int] = {}
+        self._keys: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
         self._observer = observer
 
@@ -121,11 +123,21 @@ class Metrics:
         key = "ratelimit." + name
         if labels:
             key += "{" + ",".join(f"{k}={v}" for k, v in labels.items()) + "}"
+        self._add(key, name, labels)
+
+    def count(self, name: str, route: str, tier: str) -> None:
+        """`inc` with route and tier labels, the per-request case (its key is cached)."""
+        key = self._keys.get((name, route, tier))
+        if key is None:
+            key = self._keys[(name, route, tier)] = f"ratelimit.{name}{{route={route},tier={tier}}}"
+        self._add(key, name, {"route": route, "tier": tier} if self._observer else None)
+
+    def _add(self, key: str, name: str, labels: Mapping[str, str] | None) -> None:
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
         if self._observer is not None:
             try:
-                self._observer("ratelimit." + name, labels)
+                self._observer("ratelimit." + name, labels or {})
             except Exception:
                 log.exception("quota: metrics observer failed")
 
@@ -141,7 +153,7 @@ class Metrics:
         return self._counts.get(key, 0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Plan:
     """What one request is counted as."""
 
@@ -207,7 +219,9 @@ class Guard:
         self._pressure = pressure if config.adaptive else None
         self.clock = clock
         self._scaled = ScaledRates()
-        self._limits: dict[int, tuple[tuple[Rate, ...], list[tuple[int, int]]]] = {}
+        self._shapes: dict[tuple[str, int], tuple[tuple[Rate, ...], PolicyShape]] = {}
+        # Identities of repeat callers (bounded; raw values stay in this process's memory).
+        self._identities: dict[tuple[str, str], Identity] = {}
         self._last_error_log = -1e18
 
     # -- the flow --------------------------------------------------------------------
@@ -270,11 +284,20 @@ class Guard:
             self.metrics.inc("hmac_rejected", reason=reason)
         token = credential(headers, config.api_key_headers)  # type: ignore[arg-type]
         if token is not None and self._token_ok(token):
-            return Identity(AUTH, hashed_subject("tok", token, self.secret))
+            return self._cached(AUTH, "tok", token)
         ip = client_ip(request.peer, headers, config.proxies)
         if ip is None:
             return Identity(ANON, "ip:unknown")
-        return Identity(ANON, hashed_subject("ip", ip, self.secret, ipv6_prefix=config.ipv6_prefix))
+        return self._cached(ANON, "ip", ip)
+
+    def _cached(self, tier: str, kind: str, value: str) -> Identity:
+        found = self._identities.get((kind, value))
+        if found is None:
+            found = Identity(tier, self.subject(kind, value))
+            if len(self._identities) >= 65536:
+                self._identities.clear()
+            self._identities[(kind, value)] = found
+        return found
 
     def _token_ok(self, token: str) -> bool:
         if self._validator is None:
@@ -337,33 +360,33 @@ class Guard:
             route, identity, Hit(key, rates, cost), fail_open, config.shadow or route.shadow
         )
 
-    def _limits_of(self, rates: tuple[Rate, ...]) -> list[tuple[int, int]]:
-        found = self._limits.get(id(rates))
+    def _shape(self, route: str, rates: tuple[Rate, ...]) -> PolicyShape:
+        found = self._shapes.get((route, id(rates)))
         if found is not None and found[0] is rates:
             return found[1]
-        limits = [(r.capacity, r.window) for r in rates]
-        if len(self._limits) > 4096:
-            self._limits.clear()
-        self._limits[id(rates)] = (rates, limits)
-        return limits
+        shape = PolicyShape(route, [(r.capacity, r.window) for r in rates])
+        if len(self._shapes) > 4096:
+            self._shapes.clear()
+        self._shapes[(route, id(rates))] = (rates, shape)
+        return shape
 
     def verdict(self, plan: Plan, request: RequestInfo, decision: Decision, now: float) -> Verdict:
         """Headers to add, or the 429 to send, for `decision`."""
         route, tier = plan.route.name, plan.identity.tier
         metrics = self.metrics
-        metrics.inc("hits", route=route, tier=tier)
+        metrics.count("hits", route, tier)
         blocked = not decision.allowed
         headers = rate_limit_headers(
-            decision, route, self._limits_of(plan.hit.rates), now, self.config.headers,
+            decision, self._shape(route, plan.hit.rates), now, self.config.headers,
             retry_after=blocked and not plan.shadow,
         )  # fmt: skip
         exposing = self.config.expose_headers and "origin" in request.headers and bool(headers)
         if not blocked:
             return Verdict(None, headers, exposing)
         if plan.shadow:
-            metrics.inc("shadow_blocked", route=route, tier=tier)
+            metrics.count("shadow_blocked", route, tier)
             return Verdict(None, headers, exposing)
-        metrics.inc("blocked", route=route, tier=tier)
+        metrics.count("blocked", route, tier)
         shown = headers
         if exposing:
             shown = [*headers, ("Access-Control-Expose-Headers", expose(headers, None))]
@@ -449,14 +472,25 @@ async def drive_async(
 
 
 def sync_effects(limiter: Any) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
-    """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`."""
+    """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`.
+
+    A single rate goes through ``rate_limit`` (the limiter's hot path for a
+    fixed window), several through ``hit``.
+    """
+    rate_limit, hit_many, execute = limiter.rate_limit, limiter.hit, limiter.store.execute
 
     def hit(effect: Hit) -> Decision:
-        decision: Decision = limiter.hit(effect.key, effect.rates, cost=effect.cost)
-        return decision
+        rates = effect.rates
+        if len(rates) == 1 and rates[0].refill_per_second is None:
+            rate = rates[0]
+            return rate_limit(  # type: ignore[no-any-return]
+                effect.key, rate.limit, rate.window, cost=effect.cost,
+                algorithm=rate.algorithm, burst=rate.burst,
+            )  # fmt: skip
+        return hit_many(effect.key, rates, cost=effect.cost)  # type: ignore[no-any-return]
 
     def load() -> Any:
-        return limiter.store.execute(SELECT, ())
+        return execute(SELECT, ())
 
     return hit, load
 
@@ -464,13 +498,21 @@ def sync_effects(limiter: Any) -> tuple[Callable[[Hit], Decision], Callable[[], 
 def async_effects(
     limiter: Any,
 ) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
-    """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`."""
+    """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`; see `sync_effects`."""
+    rate_limit, hit_many, execute = limiter.rate_limit, limiter.hit, limiter.store.execute
 
     def hit(effect: Hit) -> Awaitable[Decision]:
-        return limiter.hit(effect.key, effect.rates, cost=effect.cost)  # type: ignore[no-any-return]
+        rates = effect.rates
+        if len(rates) == 1 and rates[0].refill_per_second is None:
+            rate = rates[0]
+            return rate_limit(  # type: ignore[no-any-return]
+                effect.key, rate.limit, rate.window, cost=effect.cost,
+                algorithm=rate.algorithm, burst=rate.burst,
+            )  # fmt: skip
+        return hit_many(effect.key, rates, cost=effect.cost)  # type: ignore[no-any-return]
 
     def load() -> Awaitable[Any]:
-        return limiter.store.execute(SELECT, ())  # type: ignore[no-any-return]
+        return execute(SELECT, ())  # type: ignore[no-any-return]
 
     return hit, load
 

@@ -8,6 +8,7 @@ for instance into a JSON-RPC error object for an MCP endpoint.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -63,23 +64,33 @@ def _sf_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _policy_names(
-    route: str, decision_window: int, windows: Sequence[int]
-) -> tuple[list[str], str]:
-    if len(windows) == 1:
-        return [route], route
-    names = [f"{route}-{i}" for i in range(len(windows))]
-    current = next(
-        (n for n, w in zip(names, windows, strict=True) if w == decision_window), names[0]
-    )
-    return names, current
+class PolicyShape:
+    """The parts of the IETF fields fixed by a route class and its rates, built once per pair."""
+
+    __slots__ = ("by_window", "first", "policy")
+
+    def __init__(self, route: str, limits: Sequence[tuple[int, int]]) -> None:
+        names = [route] if len(limits) == 1 else [f"{route}-{i}" for i in range(len(limits))]
+        quoted = [_sf_string(name) for name in names]
+        #: The ``RateLimit-Policy`` value: every rate, ``"name";q=<limit>;w=<window>``.
+        self.policy = ", ".join(
+            f"{name};q={limit};w={window}"
+            for name, (limit, window) in zip(quoted, limits, strict=True)
+        )
+        self.first = quoted[0]
+        self.by_window: dict[int, str] = {}
+        for name, (_, window) in zip(quoted, limits, strict=True):
+            self.by_window.setdefault(window, name)
+
+    def current(self, window: int) -> str:
+        """The quoted name of the rate with this window (the one that decided)."""
+        return self.by_window.get(window, self.first)
 
 
 def rate_limit_headers(
-    decision: Decision, route: str, limits: Sequence[tuple[int, int]], now: float,
-    style: str, *, retry_after: bool,
-) -> Headers:  # fmt: skip
-    """The rate-limit headers for `decision` under a class whose rates are `limits` ((limit, window) pairs).
+    decision: Decision, shape: PolicyShape, now: float, style: str, *, retry_after: bool
+) -> Headers:
+    """The rate-limit headers for `decision` under a class whose rates `shape` describes.
 
     ``legacy``: ``X-RateLimit-Limit``, ``-Remaining``, ``-Reset`` (epoch
     seconds). ``ietf``: ``RateLimit-Policy`` listing every rate as
@@ -87,27 +98,41 @@ def rate_limit_headers(
     decided with ``r=<remaining>;t=<seconds to reset>``
     (draft-ietf-httpapi-ratelimit-headers). ``Retry-After`` when asked.
     """
-    out: Headers = []
-    if style in ("legacy", "both"):
-        out += [
+    remaining = str(decision.remaining)
+    if style == "both":
+        out: Headers = [
             ("X-RateLimit-Limit", str(decision.limit)),
-            ("X-RateLimit-Remaining", str(decision.remaining)),
+            ("X-RateLimit-Remaining", remaining),
+            ("X-RateLimit-Reset", str(decision.reset_at)),
+            ("RateLimit-Policy", shape.policy),
+            (
+                "RateLimit",
+                f"{shape.current(decision.window)};r={remaining};t={_reset_in(decision, now)}",
+            ),
+        ]
+    elif style == "legacy":
+        out = [
+            ("X-RateLimit-Limit", str(decision.limit)),
+            ("X-RateLimit-Remaining", remaining),
             ("X-RateLimit-Reset", str(decision.reset_at)),
         ]
-    if style in ("ietf", "both"):
-        names, current = _policy_names(route, decision.window, [w for _, w in limits])
-        policy = ", ".join(
-            f"{_sf_string(name)};q={limit};w={window}"
-            for name, (limit, window) in zip(names, limits, strict=True)
-        )
-        reset_in = max(0, int(decision.reset_at - now + 0.999999))
-        out += [
-            ("RateLimit-Policy", policy),
-            ("RateLimit", f"{_sf_string(current)};r={decision.remaining};t={reset_in}"),
+    elif style == "ietf":
+        out = [
+            ("RateLimit-Policy", shape.policy),
+            (
+                "RateLimit",
+                f"{shape.current(decision.window)};r={remaining};t={_reset_in(decision, now)}",
+            ),
         ]
+    else:
+        out = []
     if retry_after:
         out.append(("Retry-After", str(decision.retry_after)))
     return out
+
+
+def _reset_in(decision: Decision, now: float) -> int:
+    return max(0, math.ceil(decision.reset_at - now))
 
 
 def expose(headers: Headers, existing: str | None) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import quote
 
@@ -47,19 +47,53 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _EXPOSE = b"access-control-expose-headers"
 
 
+class AsgiHeaders(Mapping[str, str]):
+    """An ASGI scope's headers as a read-only mapping, decoded only when read.
+
+    Names are lower case (as ASGI sends them); a repeated header's values
+    are joined with ``,``. Deciding reads a handful of headers, so decoding
+    them all up front would be wasted work on every request.
+    """
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        raw: dict[bytes, bytes] = {}
+        for name, value in pairs:
+            if name in raw:
+                raw[name] = raw[name] + b"," + value
+            else:
+                raw[name] = value
+        self._raw = raw
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self._raw.get(name.encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
+
+    def __getitem__(self, name: str) -> str:
+        value = self._raw.get(name.encode("latin-1"))
+        if value is None:
+            raise KeyError(name)
+        return value.decode("latin-1")
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.encode("latin-1") in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return (name.decode("latin-1") for name in self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
 def asgi_request(scope: Scope) -> RequestInfo:
     """The `RequestInfo` of an ASGI HTTP scope."""
-    headers: dict[str, str] = {}
-    for raw_name, raw_value in scope.get("headers") or ():
-        name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("latin-1")
-        headers[name] = headers[name] + "," + value if name in headers else value
     path: str = scope.get("path") or "/"
     raw = scope.get("raw_path")
     raw_path = raw.decode("latin-1").split("?", 1)[0] if raw else quote(path)
     client = scope.get("client")
     return RequestInfo(
-        scope.get("method", "GET").upper(), path, raw_path, headers,
+        scope.get("method", "GET").upper(), path, raw_path, AsgiHeaders(scope.get("headers") or ()),
         client[0] if client else None, scope,
     )  # fmt: skip
 
@@ -78,6 +112,8 @@ class Limiters:
         self._owned: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncLimiter] = (
             weakref.WeakKeyDictionary()
         )
+        #: The effect functions of each limiter in use, made once.
+        self.effects: dict[int, tuple[Any, Any, Any]] = {}
 
     def get(self) -> AsyncLimiter | Limiter:
         if self.given is not None:
@@ -123,11 +159,15 @@ def _time() -> Callable[[], float]:
 async def decide(guard: Guard, limiters: Limiters, request: RequestInfo) -> Verdict:
     """Run the core's flow for `request` on the right limiter."""
     limiter = limiters.get()
+    effects = limiters.effects.get(id(limiter))
+    if effects is None or effects[0] is not limiter:
+        made = sync_effects(limiter) if isinstance(limiter, Limiter) else async_effects(limiter)
+        effects = limiters.effects[id(limiter)] = (limiter, *made)
     if isinstance(limiter, Limiter):
         # A sync limiter runs inline on the loop: for SQLite a decision is a
         # few tens of microseconds, less than a hop to a worker thread.
-        return drive_sync(guard.flow(request), *sync_effects(limiter))
-    return await drive_async(guard.flow(request), *async_effects(limiter))
+        return drive_sync(guard.flow(request), effects[1], effects[2])
+    return await drive_async(guard.flow(request), effects[1], effects[2])
 
 
 def _pairs(response: HttpResponse) -> list[tuple[bytes, bytes]]:
