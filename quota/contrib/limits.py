@@ -1,0 +1,492 @@
+"""`quota` as a storage backend for `limits`, and so for flask-limiter and slowapi.
+
+Importing this module registers storage schemes with `limits`::
+
+    import quota.contrib.limits  # noqa: F401  (registers the schemes)
+
+    limiter = Limiter(get_remote_address, storage_uri="quota+postgresql://app@db/app")
+
+* sync (`limits.strategies`, flask-limiter, slowapi): ``quota+sqlite:///path.db``,
+  ``quota+postgresql://…`` (also ``quota+postgres://``, ``quota+postgresql+psycopg://``,
+  ``quota+sqlite+pysqlite://``), built on `quota.connect`;
+* async (`limits.aio.strategies`): ``async+quota+sqlite:///path.db``,
+  ``async+quota+postgresql://…`` (also ``+aiosqlite``/``+asyncpg`` forms), built
+  on `quota.connect_async`. An async storage belongs to the event loop that
+  first uses it.
+
+The part after ``quota+`` is a `quota.connect` URL; the tables must exist
+(``quota migrate --url …``): nothing here runs DDL. Storage options (flask-limiter's
+``storage_options``, slowapi's, or keywords to `storage_from_string`) are
+``timeout`` and ``pool_size``, as for `quota.connect`.
+
+What is stored (all in ``quota_counters``, so ``quota cleanup`` sweeps it):
+
+* **fixed window** (`incr`/`get`/`get_expiry`): one row per `limits` key. As in
+  `limits`' own storages, a window starts at the key's first hit and lasts
+  `expiry` seconds; a hit after that starts a new window in the same row. One
+  atomic ``INSERT … ON CONFLICT DO UPDATE`` per hit, so concurrent processes
+  never lose a count. Resolution is the whole second: the table keeps window
+  starts as whole epoch seconds, so a window starts at the first hit rounded
+  *up* to the second. It never ends before `expiry` seconds have passed (it
+  may last up to one second longer), and reset times are whole seconds.
+  The row must be unique by ``bucket_key`` alone, so a PostgreSQL counters
+  table migrated with ``--partitioned-counters`` is refused: the first `incr`
+  raises `quota.ConfigurationError`.
+* **sliding window counter** (`acquire_sliding_window_entry`,
+  `get_sliding_window`): `limits`' two epoch-aligned windows per key, one row
+  each, keyed ``"{key}/{window index}"`` as `limits` keys them. The weighted
+  check and the increment are one atomic statement, so there is no
+  over-admission to undo (limits' memory storage increments, re-checks and
+  decrements). Works on partitioned tables too (a row's key names its window).
+* **moving window**: not supported (it needs a row per hit);
+  `limits.strategies.MovingWindowRateLimiter` refuses this storage, as it does
+  memcached.
+
+Rows are keyed ``"limits:" + stored key`` in both ``bucket_key`` and
+``client_key``. quota's own keys are stored as ``k:…``/``h:…`` (client) and
+``{window}:…`` (bucket), so the two never meet; `reset` deletes the
+``limits:`` rows only.
+
+Time is the app's `time.time()`, as in `limits`. Errors are `quota.StorageError`
+(`quota.SchemaError` when the tables are missing), the storage's
+`base_exceptions`: ``wrap_exceptions=True`` turns them into
+`limits.errors.StorageError`. `check()` answers False instead of raising.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from limits.aio.storage.base import SlidingWindowCounterSupport as AsyncSlidingWindowCounterSupport
+from limits.aio.storage.base import Storage as AsyncStorage
+from limits.storage.base import SlidingWindowCounterSupport, Storage
+
+from quota._core import stored_key
+from quota._errors import ConfigurationError, StorageError
+from quota._limiter import AsyncLimiter, Limiter, connect, connect_async
+from quota._partitions import IS_PARTITIONED
+from quota._store import Rows
+from quota._url import KNOWN_SCHEMES, parse_url
+
+__all__ = ["AsyncQuotaStorage", "QuotaStorage"]
+
+T = TypeVar("T")
+
+#: Prefix of every row this adapter writes, in ``bucket_key`` and ``client_key``.
+PREFIX = "limits:"
+#: The string just above every ``limits:`` key (":" + 1 == ";"), for a range delete.
+_PREFIX_END = "limits;"
+#: ``window_seconds`` is a 32-bit INTEGER column; a sliding window row keeps two windows.
+MAX_EXPIRY = (2**31 - 1) // 2
+
+# -- statements --------------------------------------------------------------------
+#
+# Positional ``?`` statements, rendered per driver by the quota stores. Parameters
+# whose type PostgreSQL cannot infer from a column are cast, so asyncpg and
+# psycopg bind them alike.
+
+#: The window in the row has ended at `now` (``excluded.updated_at`` is now).
+_ENDED = "quota_counters.window_start + quota_counters.window_seconds <= excluded.updated_at"
+
+#: Count `amount` hits on a key, restarting its window if it has ended.
+#: Params: key, key, window_start, expiry, amount, now. Returns the count.
+INCR = (
+    "INSERT INTO quota_counters"
+    " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (bucket_key) DO UPDATE SET"
+    f" count = CASE WHEN {_ENDED} THEN excluded.count"
+    " ELSE quota_counters.count + excluded.count END,"
+    f" window_start = CASE WHEN {_ENDED} THEN excluded.window_start"
+    " ELSE quota_counters.window_start END,"
+    f" window_seconds = CASE WHEN {_ENDED} THEN excluded.window_seconds"
+    " ELSE quota_counters.window_seconds END,"
+    " updated_at = excluded.updated_at"
+    " RETURNING count"
+)
+
+_LIVE = "window_start + window_seconds > CAST(? AS DOUBLE PRECISION)"
+#: Params: key, now.
+GET = f"SELECT count FROM quota_counters WHERE bucket_key = ? AND {_LIVE}"
+#: Params: key, now.
+GET_EXPIRY = (
+    f"SELECT window_start + window_seconds FROM quota_counters WHERE bucket_key = ? AND {_LIVE}"
+)
+# Deletes return a row per row deleted, as every quota statement that deletes
+# does, so each driver hands back rows.
+#: Params: key.
+CLEAR = "DELETE FROM quota_counters WHERE bucket_key = ? RETURNING 1"
+#: Every row of this adapter, and only those. Params: PREFIX, _PREFIX_END.
+RESET = "DELETE FROM quota_counters WHERE bucket_key >= ? AND bucket_key < ? RETURNING 1"
+CHECK = "SELECT 1"
+
+#: limits' weighted count of the previous window, ``previous * ttl / expiry``,
+#: in the same double arithmetic as `limits`. Params: previous key, now, ttl, expiry.
+_PREVIOUS = (
+    "COALESCE((SELECT p.count FROM quota_counters AS p WHERE p.bucket_key = ?"
+    " AND p.window_start + p.window_seconds > CAST(? AS DOUBLE PRECISION)), 0)"
+    " * CAST(? AS DOUBLE PRECISION) / CAST(? AS DOUBLE PRECISION)"
+)
+#: Take `amount` in the current window if ``floor(weighted) + amount <= limit``,
+#: written ``weighted < limit - amount + 1`` (exact: the bound is a whole
+#: number). The insert path is the empty current window; the update path
+#: reads the locked row, so concurrent callers are serialised on it. A refusal
+#: changes nothing and returns no row.
+#: Params: current key (twice), window_start, 2 * expiry, amount, now,
+#: previous-window params (see _PREVIOUS), bound, previous-window params, bound.
+ACQUIRE_SLIDING = (
+    "INSERT INTO quota_counters"
+    " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
+    " SELECT CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS INTEGER),"
+    " CAST(? AS BIGINT), CAST(? AS DOUBLE PRECISION)"
+    f" WHERE {_PREVIOUS} < CAST(? AS DOUBLE PRECISION)"
+    " ON CONFLICT (bucket_key) DO UPDATE"
+    " SET count = quota_counters.count + excluded.count, updated_at = excluded.updated_at"
+    f" WHERE {_PREVIOUS} + quota_counters.count < CAST(? AS DOUBLE PRECISION)"
+    " RETURNING count"
+)
+#: Params: previous key, current key, now.
+GET_SLIDING = f"SELECT bucket_key, count FROM quota_counters WHERE bucket_key IN (?, ?) AND {_LIVE}"
+#: Params: previous key, current key.
+CLEAR_SLIDING = "DELETE FROM quota_counters WHERE bucket_key IN (?, ?) RETURNING 1"
+
+
+# -- the pure part: what to run, and what the rows mean ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Call(Generic[T]):
+    """One storage call: a statement (None: nothing to run) and how to read its rows."""
+
+    sql: str | None
+    params: tuple[Any, ...]
+    decode: Callable[[Rows], T]
+
+
+def row_key(key: str) -> str:
+    """The ``bucket_key`` (and ``client_key``) of a `limits` key."""
+    return PREFIX + stored_key(key)
+
+
+def _check_expiry(expiry: object) -> int:
+    if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) or not expiry > 0:
+        raise ConfigurationError(f"expiry must be a positive number of seconds, got {expiry!r}")
+    seconds = math.ceil(expiry)
+    if seconds > MAX_EXPIRY:
+        raise ConfigurationError(f"expiry must be at most {MAX_EXPIRY} seconds, got {expiry!r}")
+    return seconds
+
+
+def _check_amount(amount: object) -> int:
+    if type(amount) is not int or amount < 0:
+        raise ConfigurationError(f"amount must be an integer >= 0, got {amount!r}")
+    return amount
+
+
+def _first(rows: Rows) -> int:
+    return int(rows[0][0]) if rows else 0
+
+
+def _none(_rows: Rows) -> None:
+    return None
+
+
+def incr(key: str, expiry: int, amount: int, now: float) -> _Call[int]:
+    seconds = _check_expiry(expiry)
+    k = row_key(key)
+    params = (k, k, math.ceil(now), seconds, _check_amount(amount), now)
+    return _Call(INCR, params, _first)
+
+
+def get(key: str, now: float) -> _Call[int]:
+    return _Call(GET, (row_key(key), now), _first)
+
+
+def get_expiry(key: str, now: float) -> _Call[float]:
+    return _Call(GET_EXPIRY, (row_key(key), now), lambda rows: float(rows[0][0]) if rows else now)
+
+
+def clear(key: str) -> _Call[None]:
+    return _Call(CLEAR, (row_key(key),), _none)
+
+
+def reset() -> _Call[int]:
+    return _Call(RESET, (PREFIX, _PREFIX_END), len)
+
+
+def _refuse_partitioned(rows: Rows) -> None:
+    if rows:
+        raise ConfigurationError(
+            "quota.contrib.limits cannot keep limits' fixed windows in a partitioned counters"
+            " table: a window starts at its first hit, so its row must be unique by bucket_key"
+            " alone, and a partitioned table is unique by (bucket_key, window_start). Use a"
+            " database migrated without --partitioned-counters (the sliding window counter"
+            " works on both)"
+        )
+
+
+def unpartitioned(dialect: str) -> _Call[None] | None:
+    """The check that the counters table is not partitioned (PostgreSQL only), run before `incr`."""
+    return _Call(IS_PARTITIONED, (), _refuse_partitioned) if dialect == "postgresql" else None
+
+
+def sliding_indexes(expiry: int, now: float) -> tuple[int, int]:
+    """The previous and current window numbers, as `limits` computes them for its keys."""
+    return int((now - expiry) / expiry), int(now / expiry)
+
+
+def sliding_ttls(expiry: int, now: float) -> tuple[float, float]:
+    """Seconds the previous window still weighs and the current one still lives, as in `limits`."""
+    previous = (1 - (((now - expiry) / expiry) % 1)) * expiry
+    current = (1 - ((now / expiry) % 1)) * expiry + expiry
+    return previous, current
+
+
+def _sliding_keys(key: str, expiry: int, now: float) -> tuple[str, str, int]:
+    previous, current = sliding_indexes(expiry, now)
+    return row_key(f"{key}/{previous}"), row_key(f"{key}/{current}"), current
+
+
+def acquire_sliding(key: str, limit: int, expiry: int, amount: int, now: float) -> _Call[bool]:
+    seconds = _check_expiry(expiry)
+    if _check_amount(amount) > limit:
+        return _Call(None, (), lambda _rows: False)
+    previous_key, current_key, index = _sliding_keys(key, seconds, now)
+    ttl, _ = sliding_ttls(seconds, now)
+    weighing = (previous_key, now, ttl, seconds)
+    bound = limit - amount + 1
+    params = (
+        current_key, current_key, index * seconds, 2 * seconds, amount, now,
+        *weighing, bound, *weighing, bound,
+    )  # fmt: skip
+    return _Call(ACQUIRE_SLIDING, params, bool)
+
+
+def get_sliding(key: str, expiry: int, now: float) -> _Call[tuple[int, float, int, float]]:
+    seconds = _check_expiry(expiry)
+    previous_key, current_key, _ = _sliding_keys(key, seconds, now)
+
+    def decode(rows: Rows) -> tuple[int, float, int, float]:
+        counts = {str(k): int(c) for k, c in rows}
+        previous, current = counts.get(previous_key, 0), counts.get(current_key, 0)
+        previous_ttl, current_ttl = sliding_ttls(seconds, now)
+        return previous, (previous_ttl if previous else 0.0), current, current_ttl
+
+    return _Call(GET_SLIDING, (previous_key, current_key, now), decode)
+
+
+def clear_sliding(key: str, expiry: int, now: float) -> _Call[None]:
+    previous_key, current_key, _ = _sliding_keys(key, _check_expiry(expiry), now)
+    return _Call(CLEAR_SLIDING, (previous_key, current_key), _none)
+
+
+# -- URIs and options -----------------------------------------------------------------
+
+SYNC_PREFIX = "quota+"
+ASYNC_PREFIX = "async+quota+"
+
+
+def _schemes(asynchronous: bool) -> list[str]:
+    """Every quota URL scheme the face can open, with this adapter's prefix."""
+    schemes = []
+    for scheme in KNOWN_SCHEMES:
+        parsed = parse_url(f"{scheme}:///probe")
+        if parsed.dialect not in ("sqlite", "postgresql"):
+            continue
+        try:
+            parsed.driver_for(asynchronous=asynchronous)
+        except ConfigurationError:
+            continue
+        schemes.append((ASYNC_PREFIX if asynchronous else SYNC_PREFIX) + scheme)
+    return schemes
+
+
+def quota_url(uri: str, prefix: str) -> str:
+    """The `quota.connect` URL inside a `limits` storage URI."""
+    if not isinstance(uri, str) or not uri.startswith(prefix):
+        raise ConfigurationError(f"storage uri must start with {prefix!r}, got {uri!r}")
+    return uri[len(prefix) :]
+
+
+def _connect_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`quota.connect` keywords from storage options (which may arrive as strings from config)."""
+    unknown = sorted(set(options) - {"timeout", "pool_size"})
+    if unknown:
+        raise ConfigurationError(
+            f"unknown storage option(s) {', '.join(unknown)}; known: pool_size, timeout"
+        )
+    converted: dict[str, Any] = {}
+    for name, convert in (("timeout", float), ("pool_size", int)):
+        if name in options:
+            value = options[name]
+            try:
+                converted[name] = convert(value) if isinstance(value, str) else value
+            except ValueError as exc:
+                raise ConfigurationError(f"{name} must be a number, got {value!r}") from exc
+    return converted
+
+
+def _now() -> float:
+    return time.time()
+
+
+# -- the two faces: thin drivers ----------------------------------------------------
+
+
+class QuotaStorage(Storage, SlidingWindowCounterSupport):
+    """A `limits` storage on a `quota` database, for synchronous code. Thread-safe.
+
+    Built by `limits.storage.storage_from_string` from ``quota+<quota url>``.
+    Raises `quota.ConfigurationError` for a URI or option `quota.connect`
+    would refuse.
+    """
+
+    STORAGE_SCHEME = _schemes(asynchronous=False)
+
+    def __init__(self, uri: str, wrap_exceptions: bool = False, **options: Any) -> None:
+        super().__init__(uri, wrap_exceptions=wrap_exceptions)
+        self.limiter: Limiter = connect(quota_url(uri, SYNC_PREFIX), **_connect_options(options))
+        """The quota limiter whose store holds the counters."""
+        self._table_checked = False
+
+    @property
+    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
+        return StorageError
+
+    def _run(self, call: _Call[T]) -> T:
+        if call.sql is None:
+            return call.decode(())
+        if call.sql is INCR and not self._table_checked:
+            guard = unpartitioned(self.limiter.store.dialect)
+            if guard is not None:
+                self._run(guard)
+            self._table_checked = True
+        return call.decode(self.limiter.store.execute(call.sql, call.params))
+
+    def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        """Count `amount` hits on `key` and return its count; a new window lasts `expiry` seconds."""
+        return self._run(incr(key, expiry, amount, _now()))
+
+    def get(self, key: str) -> int:
+        """`key`'s count in its running window (0 when none runs)."""
+        return self._run(get(key, _now()))
+
+    def get_expiry(self, key: str) -> float:
+        """Epoch second at which `key`'s window ends (now when none runs)."""
+        return self._run(get_expiry(key, _now()))
+
+    def check(self) -> bool:
+        """True when the database answers and the quota tables are current."""
+        try:
+            self.limiter.store.execute(CHECK, ())
+        except StorageError:
+            return False
+        return True
+
+    def reset(self) -> int | None:
+        """Delete every counter this adapter wrote (and none of quota's own); return how many."""
+        return self._run(reset())
+
+    def clear(self, key: str) -> None:
+        """Forget `key`'s fixed window."""
+        self._run(clear(key))
+
+    def acquire_sliding_window_entry(
+        self, key: str, limit: int, expiry: int, amount: int = 1
+    ) -> bool:
+        """Take `amount` if the weighted count of the two windows stays within `limit`."""
+        return self._run(acquire_sliding(key, limit, expiry, amount, _now()))
+
+    def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+        """(previous count, previous TTL, current count, current TTL), as `limits` defines them."""
+        return self._run(get_sliding(key, expiry, _now()))
+
+    def clear_sliding_window(self, key: str, expiry: int) -> None:
+        """Forget both windows of `key`."""
+        self._run(clear_sliding(key, expiry, _now()))
+
+    def close(self) -> None:
+        """Close the database connections (they reopen if the storage is used again)."""
+        self.limiter.close()
+
+
+class AsyncQuotaStorage(AsyncStorage, AsyncSlidingWindowCounterSupport):
+    """A `limits.aio` storage on a `quota` database; see `QuotaStorage`.
+
+    Built from ``async+quota+<quota url>``. It belongs to the event loop that
+    first uses it.
+    """
+
+    STORAGE_SCHEME = _schemes(asynchronous=True)
+
+    def __init__(self, uri: str, wrap_exceptions: bool = False, **options: Any) -> None:
+        super().__init__(uri, wrap_exceptions=wrap_exceptions)
+        self.limiter: AsyncLimiter = connect_async(
+            quota_url(uri, ASYNC_PREFIX), **_connect_options(options)
+        )
+        """The quota limiter whose store holds the counters."""
+        self._table_checked = False
+
+    @property
+    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
+        return StorageError
+
+    async def _run(self, call: _Call[T]) -> T:
+        if call.sql is None:
+            return call.decode(())
+        if call.sql is INCR and not self._table_checked:
+            guard = unpartitioned(self.limiter.store.dialect)
+            if guard is not None:
+                await self._run(guard)
+            self._table_checked = True
+        return call.decode(await self.limiter.store.execute(call.sql, call.params))
+
+    async def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        """See `QuotaStorage.incr`."""
+        return await self._run(incr(key, expiry, amount, _now()))
+
+    async def get(self, key: str) -> int:
+        """See `QuotaStorage.get`."""
+        return await self._run(get(key, _now()))
+
+    async def get_expiry(self, key: str) -> float:
+        """See `QuotaStorage.get_expiry`."""
+        return await self._run(get_expiry(key, _now()))
+
+    async def check(self) -> bool:
+        """See `QuotaStorage.check`."""
+        try:
+            await self.limiter.store.execute(CHECK, ())
+        except StorageError:
+            return False
+        return True
+
+    async def reset(self) -> int | None:
+        """See `QuotaStorage.reset`."""
+        return await self._run(reset())
+
+    async def clear(self, key: str) -> None:
+        """See `QuotaStorage.clear`."""
+        await self._run(clear(key))
+
+    async def acquire_sliding_window_entry(
+        self, key: str, limit: int, expiry: int, amount: int = 1
+    ) -> bool:
+        """See `QuotaStorage.acquire_sliding_window_entry`."""
+        return await self._run(acquire_sliding(key, limit, expiry, amount, _now()))
+
+    async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+        """See `QuotaStorage.get_sliding_window`."""
+        return await self._run(get_sliding(key, expiry, _now()))
+
+    async def clear_sliding_window(self, key: str, expiry: int) -> None:
+        """See `QuotaStorage.clear_sliding_window`."""
+        await self._run(clear_sliding(key, expiry, _now()))
+
+    async def aclose(self) -> None:
+        """Close the database connections."""
+        await self.limiter.aclose()
