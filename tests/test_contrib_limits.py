@@ -1,0 +1,587 @@
+"""`quota.contrib.limits`: quota as a storage for `limits`, flask-limiter and slowapi.
+
+The behaviour `limits` promises for a storage, through `limits`' own strategy
+classes, on every row of the backend table (SQLite and PostgreSQL, sync and
+async storage). Time is injected: `limits` reads ``time.time()`` from the
+`time` module each of its modules imported, so a fixture hands those modules
+(and the adapter) a fake one; nothing sleeps. Besides the explicit cases, a
+seeded random trace is run against our storage and `limits`' own
+`MemoryStorage` side by side, and every answer must agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import random
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import flask
+import limits.aio.strategies
+import limits.errors
+import limits.strategies
+import pytest
+from fastapi import FastAPI, Request, Response
+from fastapi.testclient import TestClient
+from flask_limiter import Limiter as FlaskLimiter
+from limits import RateLimitItemPerHour, RateLimitItemPerMinute, parse
+from limits.storage import MemoryStorage, storage_from_string
+from limits.storage.base import TimestampedSlidingWindow
+from slowapi import Limiter as SlowLimiter
+from slowapi import _rate_limit_exceeded_handler
+from slowapi.errors import RateLimitExceeded
+
+import quota
+import quota.contrib.limits as adapter
+from quota._url import parse_url
+from quota.contrib.limits import AsyncQuotaStorage, QuotaStorage
+from tests import _limits_support, _workers
+from tests._limits_support import Blocking, FakeTime
+from tests._support import POSTGRES_FACES, SQLITE_FACES, Clock
+
+FIXED = "fixed-window"
+SLIDING = "sliding-window-counter"
+
+
+# -- fixtures -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def limits_clock(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Clock:
+    """`clock`, read by the adapter and by every `limits` module that reads the time."""
+    fake = FakeTime(clock)
+    for module in _limits_support.TIME_READERS:
+        monkeypatch.setattr(module, "time", fake)
+    return clock
+
+
+def _table(url: str) -> list[tuple[Any, ...]]:
+    """Every row of quota_counters: (bucket_key, client_key, window_start, window_seconds, count)."""
+    sql = (
+        "SELECT bucket_key, client_key, window_start, window_seconds, count"
+        " FROM quota_counters ORDER BY bucket_key"
+    )
+    if url.startswith("sqlite"):
+        with sqlite3.connect(parse_url(url).target) as conn:
+            return [tuple(row) for row in conn.execute(sql)]
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return [tuple(row) for row in conn.execute(sql)]
+
+
+@dataclass
+class LimitsBackend:
+    """One row of the backend table, seen through `limits`: a storage and its strategies."""
+
+    name: str
+    url: str
+    """The quota URL (for quota's own limiter and for inspecting the table)."""
+    uri: str
+    """The `limits` storage URI."""
+    storage: Any
+    """The storage, with blocking methods whatever the face."""
+    loop: asyncio.AbstractEventLoop | None
+
+    def strategy(self, name: str) -> Any:
+        module = limits.aio.strategies if self.loop else limits.strategies
+        return Blocking(module.STRATEGIES[name](self.storage.target), self.loop)  # type: ignore[attr-defined]
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return _table(self.url)
+
+
+def _face_params() -> list[Any]:
+    return [
+        pytest.param(name, id=name, marks=[pytest.mark.postgres] if name in POSTGRES_FACES else [])
+        for name in SQLITE_FACES + POSTGRES_FACES
+    ]
+
+
+@pytest.fixture(params=_face_params())
+def lb(request: pytest.FixtureRequest) -> Iterator[LimitsBackend]:
+    """The adapter on every store and face: SQLite and PostgreSQL, sync and async."""
+    name: str = request.param
+    dialect, face = name.split("-")
+    url: str = request.getfixturevalue("pg_clean_url" if dialect == "postgresql" else "sqlite_url")
+    uri = ("async+quota+" if face == "async" else "quota+") + url
+    loop = asyncio.new_event_loop() if face == "async" else None
+    storage = storage_from_string(uri)
+    try:
+        yield LimitsBackend(name, url, uri, Blocking(storage, loop), loop)
+    finally:
+        if loop is None:
+            storage.close()  # type: ignore[union-attr]
+        else:
+            try:
+                loop.run_until_complete(storage.aclose())  # type: ignore[union-attr]
+            finally:
+                loop.close()
+
+
+# -- registration, options, errors ----------------------------------------------------
+
+
+def test_importing_quota_does_not_import_limits() -> None:
+    code = "import sys, quota; assert 'limits' not in sys.modules, sorted(sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("scheme", "cls"),
+    [
+        ("quota+sqlite", QuotaStorage),
+        ("quota+sqlite+pysqlite", QuotaStorage),
+        ("async+quota+sqlite", AsyncQuotaStorage),
+        ("async+quota+sqlite+aiosqlite", AsyncQuotaStorage),
+    ],
+)
+def test_sqlite_schemes_build_the_storage(sqlite_url: str, scheme: str, cls: type) -> None:
+    uri = scheme + "://" + sqlite_url.split("://", 1)[1]
+    storage = storage_from_string(uri)
+    assert type(storage) is cls
+
+
+def test_postgres_schemes_are_registered_per_face() -> None:
+    from limits._storage_scheme import SCHEMES
+
+    for scheme in ("quota+postgresql", "quota+postgres", "quota+postgresql+psycopg"):
+        assert SCHEMES[scheme] is QuotaStorage
+    for scheme in (
+        "async+quota+postgresql",
+        "async+quota+postgres",
+        "async+quota+postgresql+asyncpg",
+    ):
+        assert SCHEMES[scheme] is AsyncQuotaStorage
+    # A driver of the other face is not a scheme of this one.
+    for uri in ("quota+postgresql+asyncpg://h/db", "async+quota+postgresql+psycopg://h/db"):
+        with pytest.raises(limits.errors.ConfigurationError, match="unknown storage scheme"):
+            storage_from_string(uri)
+
+
+def test_storage_options_reach_quota_connect(sqlite_url: str) -> None:
+    uri = "quota+" + sqlite_url
+    storage = storage_from_string(uri, timeout="2.5", pool_size=3)  # config files give strings
+    assert isinstance(storage, QuotaStorage)
+    assert storage.limiter.options.timeout == 2.5
+    assert storage.limiter.options.pool_size == 3
+    with pytest.raises(quota.ConfigurationError, match=r"unknown storage option.*key_prefix"):
+        storage_from_string(uri, key_prefix="x")
+    with pytest.raises(quota.ConfigurationError, match="timeout"):
+        storage_from_string(uri, timeout="soon")
+    with pytest.raises(quota.ConfigurationError, match="in-memory SQLite"):
+        storage_from_string("quota+sqlite:///:memory:")
+
+
+def test_missing_tables_raise_schema_error_and_check_says_unhealthy(tmp_path: Path) -> None:
+    uri = f"quota+sqlite:///{tmp_path / 'empty.db'}"
+    storage = storage_from_string(uri)
+    assert storage.check() is False
+    with pytest.raises(quota.SchemaError, match="quota migrate"):
+        storage.incr("k", 60)
+    wrapped = storage_from_string(uri, wrap_exceptions=True)
+    with pytest.raises(limits.errors.StorageError) as caught:
+        wrapped.get("k")
+    assert isinstance(caught.value.storage_error, quota.SchemaError)
+
+
+def test_check_is_false_when_the_server_is_unreachable() -> None:
+    # Port 1 refuses at once; nothing needs to run there.
+    uri = "quota+postgresql://root@127.0.0.1:1/test"
+    assert storage_from_string(uri, timeout=1).check() is False
+
+    async def check() -> bool:
+        storage = storage_from_string("async+" + uri, timeout=1)
+        try:
+            return await storage.check()  # type: ignore[no-any-return, misc]
+        finally:
+            await storage.aclose()  # type: ignore[union-attr]
+
+    assert asyncio.run(check()) is False
+
+
+def test_sliding_window_keys_are_the_ones_limits_computes() -> None:
+    for now in (1_750_004_434.25, 1_750_003_200.0, 59.999, 60.0, 1e9 + 0.5):
+        for expiry in (1, 7, 60, 3600, 86400):
+            previous, current = adapter.sliding_indexes(expiry, now)
+            assert TimestampedSlidingWindow.sliding_window_keys("k", expiry, now) == (
+                f"k/{previous}",
+                f"k/{current}",
+            )
+
+
+def test_moving_window_is_not_supported() -> None:
+    # limits' own refusal for storages without it (as for memcached).
+    with pytest.raises(NotImplementedError, match="MovingWindow"):
+        limits.strategies.MovingWindowRateLimiter(object.__new__(QuotaStorage))
+    with pytest.raises(NotImplementedError, match="MovingWindow"):
+        limits.aio.strategies.MovingWindowRateLimiter(object.__new__(AsyncQuotaStorage))
+
+
+# -- the storage contract, on every backend --------------------------------------------
+
+
+def test_check_and_an_empty_window(lb: LimitsBackend, limits_clock: Clock) -> None:
+    assert lb.storage.check() is True
+    fixed = lb.strategy(FIXED)
+    item = RateLimitItemPerMinute(10)
+    # limits' storages: no window yet means full, "resetting" now.
+    assert fixed.get_window_stats(item, "alice") == (limits_clock.now, 10)
+    assert fixed.test(item, "alice")
+    assert lb.storage.get(item.key_for("alice")) == 0
+    assert lb.storage.get_expiry(item.key_for("alice")) == limits_clock.now
+
+
+def test_fixed_window_allows_the_limit_then_denies(lb: LimitsBackend, limits_clock: Clock) -> None:
+    fixed = lb.strategy(FIXED)
+    item = RateLimitItemPerMinute(10)
+    assert [fixed.hit(item, "alice") for _ in range(10)] == [True] * 10
+    assert not fixed.test(item, "alice")
+    assert not fixed.hit(item, "alice")
+    stats = fixed.get_window_stats(item, "alice")
+    assert stats.remaining == 0
+    # The window began at the first hit, rounded up to the whole second.
+    assert stats.reset_time == math.ceil(limits_clock.now) + 60
+    # Denied hits count too, as in every limits storage (incr always increments).
+    assert lb.storage.get(item.key_for("alice")) == 11
+    # Other identifiers and other limits have windows of their own.
+    assert fixed.get_window_stats(item, "bob") == (limits_clock.now, 10)
+    assert fixed.get_window_stats(RateLimitItemPerMinute(10, 2), "alice").remaining == 10
+
+
+def test_window_stats_count_down(lb: LimitsBackend, limits_clock: Clock) -> None:
+    fixed = lb.strategy(FIXED)
+    item = RateLimitItemPerHour(3)
+    remaining = []
+    for _ in range(4):
+        fixed.hit(item, "alice")
+        limits_clock.advance(1.5)
+        remaining.append(fixed.get_window_stats(item, "alice").remaining)
+    assert remaining == [2, 1, 0, 0]
+
+
+def test_cost_above_one(lb: LimitsBackend, limits_clock: Clock) -> None:
+    fixed = lb.strategy(FIXED)
+    item = RateLimitItemPerMinute(10)
+    assert fixed.hit(item, "alice", cost=4)
+    assert fixed.test(item, "alice", cost=6)
+    assert not fixed.test(item, "alice", cost=7)
+    assert fixed.hit(item, "alice", cost=4)
+    assert fixed.get_window_stats(item, "alice").remaining == 2
+    assert not fixed.hit(item, "alice", cost=4)  # 12 > 10: denied, and counted
+    assert fixed.get_window_stats(item, "alice").remaining == 0
+    assert lb.storage.get(item.key_for("alice")) == 12
+    assert fixed.hit(item, "bob", cost=10)
+    assert not fixed.hit(item, "carol", cost=11)
+    assert lb.storage.incr(item.key_for("dave"), 60, amount=5) == 5
+
+
+def test_clear_forgets_one_key(lb: LimitsBackend, limits_clock: Clock) -> None:
+    fixed = lb.strategy(FIXED)
+    item = RateLimitItemPerMinute(2)
+    for who in ("alice", "bob"):
+        fixed.hit(item, who)
+        fixed.hit(item, who)
+    assert not fixed.test(item, "alice")
+    fixed.clear(item, "alice")
+    assert fixed.get_window_stats(item, "alice") == (limits_clock.now, 2)
+    assert fixed.hit(item, "alice")
+    assert not fixed.test(item, "bob")
+
+
+def test_window_expires_after_expiry_seconds(lb: LimitsBackend, limits_clock: Clock) -> None:
+    fixed = lb.strategy(FIXED)
+    item = RateLimitItemPerMinute(2)
+    first = limits_clock.now  # ends in .25
+    assert fixed.hit(item, "alice") and fixed.hit(item, "alice")
+    assert not fixed.hit(item, "alice")
+    end = math.ceil(first) + 60
+    # Whole-second resolution: the window never ends before `expiry` seconds
+    # have passed (limits' memory storage would reopen at first + 60).
+    limits_clock.now = first + 60
+    assert not fixed.test(item, "alice")
+    limits_clock.now = end - 0.001
+    assert not fixed.hit(item, "alice")
+    limits_clock.now = end
+    assert fixed.get_window_stats(item, "alice") == (end, 2)
+    assert fixed.hit(item, "alice")  # a new window, starting at this hit
+    assert lb.storage.get(item.key_for("alice")) == 1
+    assert fixed.get_window_stats(item, "alice") == (end + 60, 1)
+
+
+def test_reset_deletes_only_the_adapters_rows(lb: LimitsBackend, limits_clock: Clock) -> None:
+    with quota.connect(lb.url, clock=limits_clock) as own:
+        own.rate_limit("alice", 10, 60)  # quota's own counter, not limits'
+        item = RateLimitItemPerMinute(5)
+        lb.strategy(FIXED).hit(item, "alice")
+        lb.strategy(FIXED).hit(item, "bob")
+        lb.strategy(SLIDING).hit(item, "alice")
+        rows = lb.rows()
+        assert len(rows) == 4
+        ours = [row for row in rows if row[0].startswith("limits:")]
+        assert len(ours) == 3
+        assert all(bucket == client for bucket, client, *_ in ours)
+        assert lb.storage.reset() == 3
+        assert own.peek("alice", 10, 60).count == 1
+        assert [row[0] for row in lb.rows()] == [row[0] for row in rows if row not in ours]
+
+
+def test_cleanup_sweeps_ended_windows(lb: LimitsBackend, limits_clock: Clock) -> None:
+    item = RateLimitItemPerMinute(5)
+    fixed_end = math.ceil(limits_clock.now) + 60
+    sliding_end = (math.floor(limits_clock.now / 60) + 2) * 60  # while it weighs as "previous"
+    lb.strategy(FIXED).hit(item, "alice")
+    lb.strategy(SLIDING).hit(item, "alice")
+    with quota.connect(lb.url, clock=limits_clock) as own:
+        limits_clock.now = fixed_end - 1
+        assert own.cleanup(grace=0).deleted == 0
+        limits_clock.now = fixed_end + 1
+        assert own.cleanup(grace=0).deleted == 1
+        limits_clock.now = sliding_end - 1
+        assert own.cleanup(grace=0).deleted == 0
+        limits_clock.now = sliding_end + 1
+        assert own.cleanup(grace=0).deleted == 1
+    assert lb.rows() == []
+
+
+def test_keys_of_any_shape(lb: LimitsBackend, limits_clock: Clock) -> None:
+    fixed = lb.strategy(FIXED)
+    item = RateLimitItemPerMinute(1)
+    odd = ["nul\x00byte", "emoji 🚦", "quote ' \" ;--", "x" * 5000, "%s ? $1"]
+    for who in odd:
+        assert fixed.hit(item, who)
+        assert not fixed.hit(item, who)
+    assert len(lb.rows()) == len(odd)
+    for who in odd:
+        fixed.clear(item, who)
+    assert lb.rows() == []
+
+
+def test_sliding_window_counter_weighs_the_previous_window(
+    lb: LimitsBackend, limits_clock: Clock
+) -> None:
+    sliding = lb.strategy(SLIDING)
+    item = RateLimitItemPerMinute(10)
+    limits_clock.now = 1_750_003_200.0  # a whole minute: the start of a window
+    assert [sliding.hit(item, "alice") for _ in range(10)] == [True] * 10
+    assert not sliding.hit(item, "alice")  # refused, and not counted
+    assert sliding.get_window_stats(item, "alice").remaining == 0
+    key = item.key_for("alice")
+    assert lb.storage.get_sliding_window(key, 60) == (0, 0.0, 10, 120.0)
+    limits_clock.advance(60)  # the next window: the previous one weighs fully
+    assert not sliding.test(item, "alice")
+    limits_clock.advance(30)  # half of it still weighs: 5
+    assert lb.storage.get_sliding_window(key, 60) == (10, 30.0, 0, 90.0)
+    assert sliding.get_window_stats(item, "alice").remaining == 5
+    assert [sliding.hit(item, "alice") for _ in range(6)] == [True] * 5 + [False]
+    assert not sliding.hit(item, "bob", cost=11)  # above the limit: never
+    assert sliding.hit(item, "bob", cost=10)
+    sliding.clear(item, "alice")
+    assert lb.storage.get_sliding_window(key, 60) == (0, 0.0, 0, 90.0)
+    assert sliding.get_window_stats(item, "alice") == (limits_clock.now, 10)
+
+
+@pytest.mark.parametrize("strategy", [FIXED, SLIDING])
+def test_answers_like_limits_memory_storage(
+    lb: LimitsBackend, limits_clock: Clock, strategy: str
+) -> None:
+    """A seeded random trace, replayed on limits' MemoryStorage: every answer agrees.
+
+    The fixed window's trace stays on whole seconds, where the whole-second
+    resolution is exact; the sliding window's windows are epoch-aligned, so
+    its trace uses any fractions.
+    """
+    rng = random.Random(f"{strategy}-8")
+    reference_storage = MemoryStorage()
+    ours = lb.strategy(strategy)
+    reference = limits.strategies.STRATEGIES[strategy](reference_storage)
+    items = [parse("7/minute"), parse("3 per 10 seconds")]
+    steps: list[float]
+    if strategy == FIXED:
+        limits_clock.now = math.floor(limits_clock.now)
+        steps = [0, 1, 2, 5, 9, 10, 11, 30, 59, 60, 61, 90]
+    else:
+        steps = [0.0, 0.3, 1.7, 5.0, 9.99, 13.25, 29.9, 60.0, 61.5, 90.0, 150.0]
+    hits: list[bool] = []
+    try:
+        for step in range(400):
+            item = rng.choice(items)
+            who = rng.choice(["alice", "bob"])
+            action = rng.choices(["hit", "test", "stats", "advance", "clear"], [8, 2, 2, 3, 0.3])[0]
+            cost = rng.choice([1, 1, 1, 2, 3, 8])
+            got: Any
+            want: Any
+            if action == "hit":
+                got, want = ours.hit(item, who, cost=cost), reference.hit(item, who, cost=cost)
+                hits.append(want)
+            elif action == "test":
+                got, want = ours.test(item, who, cost=cost), reference.test(item, who, cost=cost)
+            elif action == "stats":
+                got, want = ours.get_window_stats(item, who), reference.get_window_stats(item, who)
+                assert got.reset_time == pytest.approx(want.reset_time, abs=1e-6), step
+                got, want = got.remaining, want.remaining
+            elif action == "advance":
+                limits_clock.advance(rng.choice(steps))
+                continue
+            else:
+                ours.clear(item, who)
+                reference.clear(item, who)
+                continue
+            assert got == want, (step, action, item, who, cost, limits_clock.now)
+        # The trace is not vacuous: plenty of hits went each way.
+        assert hits.count(True) > 25 and hits.count(False) > 25, hits
+    finally:
+        reference_storage.timer.cancel()
+
+
+@pytest.mark.postgres
+def test_a_partitioned_counters_table_is_refused_for_the_fixed_window(
+    pg_make_database: Any, limits_clock: Clock
+) -> None:
+    url = pg_make_database()
+    quota.migrate(url, counters_partitioned=True)
+    item = RateLimitItemPerMinute(2)
+    storage = storage_from_string("quota+" + url)
+    try:
+        with pytest.raises(quota.ConfigurationError, match="partitioned"):
+            limits.strategies.FixedWindowRateLimiter(storage).hit(item, "alice")
+        # The sliding window counter's rows are unique by key and window start: fine.
+        sliding = limits.strategies.SlidingWindowCounterRateLimiter(storage)
+        assert [sliding.hit(item, "alice") for _ in range(3)] == [True, True, False]
+    finally:
+        storage.close()  # type: ignore[union-attr]
+
+    async def async_hit() -> None:
+        storage = storage_from_string("async+quota+" + url)
+        try:
+            await limits.aio.strategies.FixedWindowRateLimiter(storage).hit(item, "bob")
+        finally:
+            await storage.aclose()  # type: ignore[union-attr]
+
+    with pytest.raises(quota.ConfigurationError, match="partitioned"):
+        asyncio.run(async_hit())
+
+
+# -- exactness under real concurrency --------------------------------------------------
+
+HITS_PER_PROCESS = 50
+LIMIT = 37
+
+
+def _lanes() -> list[_limits_support.Lane]:
+    return [(FIXED, f"{LIMIT}/hour", "fixed"), (SLIDING, f"{LIMIT}/hour", "sliding")]
+
+
+def _hammer(url: str, uris: list[str]) -> None:
+    results = _workers.run_processes(
+        multiprocessing.get_context("spawn"),
+        _limits_support.hit_worker,
+        [(uri, _lanes(), HITS_PER_PROCESS, 5, _workers.FIXED_NOW) for uri in uris],
+    )
+    for _strategy, _limit, identifier in _lanes():
+        allowed = [result[identifier] for result in results]
+        assert sum(allowed) == LIMIT, f"{identifier}: allowed per process {allowed}"
+    counts = {row[0]: row[4] for row in _table(url)}
+    fixed_key = adapter.row_key(parse(f"{LIMIT}/hour").key_for("fixed"))
+    assert counts[fixed_key] == HITS_PER_PROCESS * len(uris)  # no lost update
+    assert sorted(counts.values()) == [
+        LIMIT,
+        HITS_PER_PROCESS * len(uris),
+    ]  # sliding: refusals not counted
+
+
+@pytest.mark.slow
+def test_processes_on_one_sqlite_file_allow_exactly_the_limit(sqlite_url: str) -> None:
+    _hammer(sqlite_url, ["quota+" + sqlite_url] * 4)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_processes_on_postgresql_allow_exactly_the_limit(pg_clean_url: str) -> None:
+    sync, asynchronous = "quota+" + pg_clean_url, "async+quota+" + pg_clean_url
+    _hammer(pg_clean_url, [sync, asynchronous, sync, asynchronous])
+
+
+# -- the frameworks -------------------------------------------------------------------
+
+
+def _framework_params() -> list[Any]:
+    return [
+        pytest.param("sqlite_url", id="sqlite"),
+        pytest.param("pg_clean_url", id="postgresql", marks=pytest.mark.postgres),
+    ]
+
+
+@pytest.fixture(params=_framework_params())
+def framework_url(request: pytest.FixtureRequest) -> str:
+    """A migrated, empty quota database: SQLite, then PostgreSQL."""
+    return str(request.getfixturevalue(request.param))
+
+
+def _check_limited(responses: list[Any], url: str) -> None:
+    assert [r.status_code for r in responses] == [200, 200, 200, 429]
+    assert [r.headers["X-RateLimit-Limit"] for r in responses] == ["3"] * 4
+    assert [r.headers["X-RateLimit-Remaining"] for r in responses] == ["2", "1", "0", "0"]
+    denied = responses[-1]
+    assert 0 < int(denied.headers["Retry-After"]) <= 61
+    # slowapi writes the reset time as the storage's float; flask-limiter as an int.
+    resets = [float(r.headers["X-RateLimit-Reset"]) for r in responses]
+    assert resets == [resets[0]] * 4
+    (row,) = _table(url)
+    assert row[0].startswith("limits:") and row[3] == 60 and row[4] == 4
+
+
+def test_flask_limiter_on_quota(framework_url: str) -> None:
+    app = flask.Flask("limited")
+    limiter = FlaskLimiter(
+        lambda: "203.0.113.7", app=app, storage_uri="quota+" + framework_url, headers_enabled=True
+    )
+
+    @app.route("/ping")
+    @limiter.limit("3 per minute")
+    def ping() -> str:
+        return "pong"
+
+    try:
+        assert isinstance(limiter.storage, QuotaStorage)
+        client = app.test_client()
+        _check_limited([client.get("/ping") for _ in range(4)], framework_url)
+        limiter.reset()
+        assert _table(framework_url) == []
+        assert client.get("/ping").status_code == 200
+    finally:
+        limiter.storage.close()  # type: ignore[attr-defined]
+
+
+def test_slowapi_on_quota(framework_url: str) -> None:
+    limiter = SlowLimiter(
+        key_func=lambda request: "203.0.113.7",
+        storage_uri="quota+" + framework_url,
+        headers_enabled=True,
+    )
+    app = FastAPI()
+    app.state.limiter = limiter
+    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]
+
+    @app.get("/ping")
+    @limiter.limit("3/minute")
+    def ping(request: Request, response: Response) -> dict[str, str]:
+        return {"ping": "pong"}
+
+    storage = limiter._storage
+    assert isinstance(storage, QuotaStorage)
+    try:
+        with TestClient(app) as client:
+            _check_limited([client.get("/ping") for _ in range(4)], framework_url)
+            limiter.reset()
+            assert client.get("/ping").status_code == 200
+    finally:
+        storage.close()
