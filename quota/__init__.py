@@ -6,6 +6,11 @@
     if not decision.allowed:
         ...  # 429, with decision.headers()
 
+Durable quotas (money: LLM calls, paid API units) live apart from rate windows:
+``limiter.consume_quota(subject, name, limit, "day", idempotency_key=...)``,
+``refund_quota``, ``grant_quota``, ``ledger``, and ``limiter.check(...)`` for
+several limits at once, all or nothing.
+
 See README.md for the async face, migrations and the CLI.
 """
 
@@ -22,6 +27,15 @@ from quota._metrics import Metrics
 from quota._migrate import current_revision, downgrade, migrate
 from quota._ops import CleanupResult, Usage
 from quota._policy import parse_rates
+from quota._quotas import (
+    CheckDecision,
+    LedgerEntry,
+    QuotaDecision,
+    QuotaLimit,
+    QuotaUsage,
+    RateWindow,
+    RefundResult,
+)
 from quota._resilience import Fallback
 from quota._shedding import ConcurrencyGuard, SheddingMiddleware
 
@@ -31,18 +45,25 @@ __all__ = [
     "ALGORITHMS",
     "AbuseDetector",
     "AsyncLimiter",
+    "CheckDecision",
     "CleanupResult",
     "ConcurrencyGuard",
     "ConfigurationError",
     "Decision",
     "Fallback",
     "Finding",
+    "LedgerEntry",
     "Limiter",
     "Metrics",
     "Options",
     "Overloaded",
+    "QuotaDecision",
     "QuotaError",
+    "QuotaLimit",
+    "QuotaUsage",
     "Rate",
+    "RateWindow",
+    "RefundResult",
     "SchemaError",
     "SheddingMiddleware",
     "StorageError",

@@ -14,13 +14,22 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
-from quota import _algorithms, _ops, _sql
+from quota import _algorithms, _ops, _quotas, _sql
 from quota._algorithms import FIXED_WINDOW, Rate, closed_decision, open_decision
 from quota._batch import DEFAULT_MAX_BATCH, AsyncBatchingStore, BatchingStore
 from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, decide, hit_params, stored_key
-from quota._errors import ConfigurationError
+from quota._errors import ConfigurationError, QuotaError
 from quota._ops import CleanupResult, Usage
 from quota._policy import as_rates, most_restrictive
+from quota._quotas import (
+    CheckDecision,
+    LedgerEntry,
+    QuotaDecision,
+    QuotaLimit,
+    QuotaUsage,
+    RateWindow,
+    RefundResult,
+)
 from quota._resilience import (
     AsyncResilientStore,
     Fallback,
@@ -60,6 +69,9 @@ class Options:
     """Seconds to wait for a connection (PostgreSQL) or a write lock (SQLite busy timeout)."""
     fallback: Fallback | None = None
     """Fail open to an in-memory store while the database is down; None raises instead."""
+    record_rate_denials: bool = False
+    """Append a ``rate_denied`` entry to the quota ledger whenever a rate limit denies
+    (for abuse visibility); allowed hits never write it."""
     batching: bool = False
     """Group commit: concurrent fixed-window hits share one statement, each caller still
     getting its exact count (see `quota._batch`). No added latency when idle."""
@@ -85,6 +97,10 @@ class Options:
             raise ConfigurationError(f"timeout must be seconds in (0, 3600], got {self.timeout!r}")
         if self.fallback is not None and not isinstance(self.fallback, Fallback):
             raise ConfigurationError(f"fallback must be a quota.Fallback, got {self.fallback!r}")
+        if not isinstance(self.record_rate_denials, bool):
+            raise ConfigurationError(
+                f"record_rate_denials must be a bool, got {self.record_rate_denials!r}"
+            )
         if not isinstance(self.batching, bool):
             raise ConfigurationError(f"batching must be a bool, got {self.batching!r}")
         check_int("max_batch", self.max_batch, maximum=100_000)
@@ -124,6 +140,7 @@ class Limiter:
         self._fast = not options.database_clock
         self._fallback = options.fallback
         self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
+        self._record_denials = options.record_rate_denials
 
     def rate_limit(
         self, key: str, limit: int, window: int, *, cost: int = 1,
@@ -156,7 +173,10 @@ class Limiter:
             if self._fallback is None:
                 raise
             return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
-        return decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
+        decision = decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
+        if self._record_denials and not decision.allowed:
+            self._record_denial(decision, cost, now)
+        return decision
 
     def hit(
         self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1,
@@ -186,7 +206,10 @@ class Limiter:
             if self._fallback is None:
                 raise
             return self._fail_open(key, rate, cost, now)
-        return _algorithms.decide_rows(key, rate, cost, now, rows)
+        decision = _algorithms.decide_rows(key, rate, cost, now, rows)
+        if self._record_denials and not decision.allowed:
+            self._record_denial(decision, cost, now)
+        return decision
 
     def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
         log.exception("quota: neither the store nor the memory fallback decided; allowing")
@@ -226,6 +249,94 @@ class Limiter:
         )
         return self.store.run(op, transaction=False)
 
+    # -- durable quotas (quota._quotas): one transaction each ------------------------------
+
+    def consume_quota(
+        self, subject: str, name: str, limit: int, period: str | int, cost: int = 1,
+        idempotency_key: str | None = None, tz: str | None = None,
+    ) -> QuotaDecision:  # fmt: skip
+        """Charge `cost` units of `subject`'s quota `name`, allowing at most `limit` per `period`.
+
+        `period` is ``"day"``, ``"week"`` (ISO, from Monday) or ``"month"``,
+        aligned to the calendar of time zone `tz` (an IANA name; UTC when
+        None), or a whole number of seconds aligned to the epoch. A denial
+        charges nothing. With `idempotency_key`, every retry (from any
+        process, after any restart) gets the original decision back, marked
+        ``replayed``, and the charge is made once. The usage and its ledger
+        entry are written in one transaction.
+
+        Raises `ConfigurationError` naming the bad argument (unknown period or
+        zone, a limit or cost that is not a positive int, a cost above the
+        limit), `StorageError` when the database fails (nothing is written).
+        """
+        now = self._clock()
+        op = _quotas.consume(subject, name, limit, period, cost, idempotency_key, tz, now)
+        return _quotas.run(self.store, op)
+
+    def refund_quota(self, subject: str, name: str, idempotency_key: str) -> RefundResult:
+        """Give back the charge `idempotency_key` holds (its work failed, say).
+
+        Refunding an unknown key, or a key already refunded, does nothing and
+        says so in the result's ``status``. The key is free again afterwards.
+        """
+        op = _quotas.refund(subject, name, idempotency_key, self._clock())
+        return _quotas.run(self.store, op)
+
+    def grant_quota(
+        self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
+    ) -> QuotaUsage:
+        """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
+        op = _quotas.grant(subject, name, amount, period, tz, self._clock())
+        return _quotas.run(self.store, op)
+
+    def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[QuotaUsage]:
+        """`subject`'s quotas in the periods running now (every period with `include_ended`)."""
+        op = _quotas.usage(subject, self._clock(), include_ended=include_ended)
+        return _quotas.run(self.store, op)
+
+    def ledger(self, subject: str, since: float | None = None) -> list[LedgerEntry]:
+        """`subject`'s ledger entries, oldest first; `since` (epoch seconds or an aware datetime) filters."""
+        return _quotas.run(self.store, _quotas.ledger(subject, since))
+
+    def cleanup_ledger(
+        self, *, older_than: int, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
+    ) -> CleanupResult:
+        """Delete ledger entries older than `older_than` seconds (retention); usage stays.
+
+        Idempotency keys whose charge is deleted are forgotten: keep the
+        ledger longer than any client retries.
+        """
+        op = _quotas.cleanup_ledger(
+            self._clock(), older_than, batch_size=batch_size, dry_run=dry_run
+        )
+        return self.store.run(op, transaction=False)
+
+    def check(
+        self, *limits: RateWindow | QuotaLimit, cost: int = 1, idempotency_key: str | None = None
+    ) -> CheckDecision:
+        """Charge `cost` to every limit, or to none: all or nothing, in one transaction.
+
+        Each limit is a `quota.RateWindow` (the fixed window `rate_limit` counts
+        in, here never charged past its limit) or a `quota.QuotaLimit`. If any
+        would deny, nothing is charged anywhere and the decision names the
+        first limit that denied and the longest ``retry_after``. Rows are
+        touched in one fixed order, so concurrent checks never deadlock. An
+        `idempotency_key` (which needs a `QuotaLimit`) makes retries return
+        the original outcome without charging again.
+        """
+        op = _quotas.check(
+            limits, cost, idempotency_key, self._clock(),
+            record_rate_denials=self._record_denials,
+        )  # fmt: skip
+        return _quotas.run(self.store, op)
+
+    def _record_denial(self, decision: Decision, cost: int, now: float) -> None:
+        try:
+            self.store.run(_quotas.record_rate_denial(decision, cost, now), transaction=False)
+        except QuotaError:
+            # An audit entry must not turn a decision already made into an error.
+            log.warning("quota: could not record a rate denial in the ledger", exc_info=True)
+
     def close(self) -> None:
         """Close the store's connections. The limiter reopens them if used again."""
         self.store.close()
@@ -259,6 +370,7 @@ class AsyncLimiter:
         self._fast = not options.database_clock
         self._fallback = options.fallback
         self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
+        self._record_denials = options.record_rate_denials
 
     async def rate_limit(
         self, key: str, limit: int, window: int, *, cost: int = 1,
@@ -281,7 +393,10 @@ class AsyncLimiter:
             if self._fallback is None:
                 raise
             return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
-        return decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
+        decision = decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
+        if self._record_denials and not decision.allowed:
+            await self._record_denial(decision, cost, now)
+        return decision
 
     async def hit(
         self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1,
@@ -306,7 +421,10 @@ class AsyncLimiter:
             if self._fallback is None:
                 raise
             return self._fail_open(key, rate, cost, now)
-        return _algorithms.decide_rows(key, rate, cost, now, rows)
+        decision = _algorithms.decide_rows(key, rate, cost, now, rows)
+        if self._record_denials and not decision.allowed:
+            await self._record_denial(decision, cost, now)
+        return decision
 
     def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
         log.exception("quota: neither the store nor the memory fallback decided; allowing")
@@ -342,6 +460,65 @@ class AsyncLimiter:
             self.store.dialect, self._clock(), grace=grace, batch_size=batch_size, dry_run=dry_run
         )
         return await self.store.run(op, transaction=False)
+
+    # -- durable quotas: see the `Limiter` methods of the same names ------------------------
+
+    async def consume_quota(
+        self, subject: str, name: str, limit: int, period: str | int, cost: int = 1,
+        idempotency_key: str | None = None, tz: str | None = None,
+    ) -> QuotaDecision:  # fmt: skip
+        """See `Limiter.consume_quota`."""
+        now = self._clock()
+        op = _quotas.consume(subject, name, limit, period, cost, idempotency_key, tz, now)
+        return await _quotas.arun(self.store, op)
+
+    async def refund_quota(self, subject: str, name: str, idempotency_key: str) -> RefundResult:
+        """See `Limiter.refund_quota`."""
+        op = _quotas.refund(subject, name, idempotency_key, self._clock())
+        return await _quotas.arun(self.store, op)
+
+    async def grant_quota(
+        self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
+    ) -> QuotaUsage:
+        """See `Limiter.grant_quota`."""
+        op = _quotas.grant(subject, name, amount, period, tz, self._clock())
+        return await _quotas.arun(self.store, op)
+
+    async def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[QuotaUsage]:
+        """See `Limiter.quota_usage`."""
+        op = _quotas.usage(subject, self._clock(), include_ended=include_ended)
+        return await _quotas.arun(self.store, op)
+
+    async def ledger(self, subject: str, since: float | None = None) -> list[LedgerEntry]:
+        """See `Limiter.ledger`."""
+        return await _quotas.arun(self.store, _quotas.ledger(subject, since))
+
+    async def cleanup_ledger(
+        self, *, older_than: int, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
+    ) -> CleanupResult:
+        """See `Limiter.cleanup_ledger`."""
+        op = _quotas.cleanup_ledger(
+            self._clock(), older_than, batch_size=batch_size, dry_run=dry_run
+        )
+        return await self.store.run(op, transaction=False)
+
+    async def check(
+        self, *limits: RateWindow | QuotaLimit, cost: int = 1, idempotency_key: str | None = None
+    ) -> CheckDecision:
+        """See `Limiter.check`."""
+        op = _quotas.check(
+            limits, cost, idempotency_key, self._clock(),
+            record_rate_denials=self._record_denials,
+        )  # fmt: skip
+        return await _quotas.arun(self.store, op)
+
+    async def _record_denial(self, decision: Decision, cost: int, now: float) -> None:
+        try:
+            op = _quotas.record_rate_denial(decision, cost, now)
+            await self.store.run(op, transaction=False)
+        except QuotaError:
+            # An audit entry must not turn a decision already made into an error.
+            log.warning("quota: could not record a rate denial in the ledger", exc_info=True)
 
     async def aclose(self) -> None:
         """Close the store's connections."""
@@ -467,6 +644,7 @@ def connect(
     pool_size: int = 10,
     timeout: float = 10.0,
     fallback: bool | Fallback = False,
+    record_rate_denials: bool = False,
     batching: bool = False,
     max_batch: int = DEFAULT_MAX_BATCH,
     durability: str = "full",
@@ -484,6 +662,9 @@ def connect(
     the fixed-window hits of the outage are written back. Use it in request
     paths; `fail_closed=True` on a call denies instead while the store is down.
 
+    With ``record_rate_denials=True`` every rate-limit denial also appends a
+    ``rate_denied`` entry to the quota ledger (allowed hits never do).
+
     With ``batching=True`` concurrent fixed-window hits from threads share one
     statement (group commit, at most `max_batch` hits), each still getting its
     exact count; a lone call goes out at once. ``durability="relaxed"`` lets
@@ -492,7 +673,7 @@ def connect(
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
-        fallback=_fallback(fallback),
+        fallback=_fallback(fallback), record_rate_denials=record_rate_denials,
         batching=batching, max_batch=max_batch, durability=durability,
     )  # fmt: skip
     return Limiter(open_sync_store(parse_url(url), options), options)
@@ -506,6 +687,7 @@ def connect_async(
     pool_size: int = 10,
     timeout: float = 10.0,
     fallback: bool | Fallback = False,
+    record_rate_denials: bool = False,
     batching: bool = False,
     max_batch: int = DEFAULT_MAX_BATCH,
     durability: str = "full",
@@ -520,7 +702,7 @@ def connect_async(
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
-        fallback=_fallback(fallback),
+        fallback=_fallback(fallback), record_rate_denials=record_rate_denials,
         batching=batching, max_batch=max_batch, durability=durability,
     )  # fmt: skip
     return AsyncLimiter(open_async_store(parse_url(url), options), options)

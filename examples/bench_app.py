@@ -1,0 +1,63 @@
+"""The two apps `bench_http.py` measures: a trivial ASGI endpoint, bare and behind QuotaMiddleware.
+
+    uvicorn examples.bench_app:bare
+    QUOTA_DATABASE_URL=... QUOTA_HASH_SECRET=... uvicorn examples.bench_app:limited
+
+``BENCH_FACE`` picks the limiter behind the middleware: ``async`` (the
+default: `quota.connect_async`) or ``sync`` (`quota.connect`, run inline on
+the event loop). ``BENCH_BATCHING=1`` turns on group commit and
+``BENCH_DURABILITY=relaxed`` relaxed commits (PostgreSQL). The limit is so
+high that every request is allowed: the benchmark measures the cost of
+deciding, which every request pays.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import quota
+from quota.http import HttpConfig, RoutePolicy
+from quota.http.asgi import QuotaMiddleware
+
+_BODY = b"ok"
+_HEADERS = [(b"content-type", b"text/plain"), (b"content-length", b"2")]
+
+
+async def bare(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A trivial ASGI endpoint (answers lifespan too, as uvicorn expects)."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+    await send({"type": "http.response.body", "body": _BODY})
+
+
+def _limited() -> QuotaMiddleware:
+    url = os.environ.get("QUOTA_DATABASE_URL", "sqlite:///quota.sqlite3")
+    options: dict[str, Any] = {
+        "batching": os.environ.get("BENCH_BATCHING") == "1",
+        "durability": os.environ.get("BENCH_DURABILITY", "full"),
+    }
+    face = os.environ.get("BENCH_FACE", "async")
+    limiter = (
+        quota.connect(url, **options) if face == "sync" else quota.connect_async(url, **options)
+    )
+    config = HttpConfig.from_env(
+        default=RoutePolicy(name="bench", rates=os.environ.get("BENCH_RATES", "1000000000/hour"))
+    )
+    return QuotaMiddleware(bare, limiter=limiter, config=config)
+
+
+def __getattr__(name: str) -> Any:
+    # Built on first use, so `uvicorn examples.bench_app:bare` never opens a limiter.
+    if name == "limited":
+        app = _limited()
+        globals()["limited"] = app
+        return app
+    raise AttributeError(name)
