@@ -98,16 +98,20 @@ class Metrics:
 
         Raises `ConfigurationError` for any other `source` (a bug in the caller).
         """
-        if source not in _SOURCE_SET:
-            raise ConfigurationError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
         key = (allowed, source, route, tier)
-        decisions = self._decisions
         with self._lock:
-            count = decisions.get(key)
-            if count is None and len(decisions) >= self.max_series:
+            count = self._decisions.get(key)
+            if count is not None:
+                self._decisions[key] = count + 1
+                return
+            # A label set seen for the first time: check it, and cap their number.
+            if source not in _SOURCE_SET:
+                raise ConfigurationError(
+                    f"source must be one of {', '.join(SOURCES)}, got {source!r}"
+                )
+            if len(self._decisions) >= self.max_series:
                 key = (allowed, source, OTHER, OTHER)
-                count = decisions.get(key)
-            decisions[key] = (count or 0) + 1
+            self._decisions[key] = self._decisions.get(key, 0) + 1
 
     def record_store_error(self, kind: str) -> None:
         """Count one failed store call; `kind` is a short word such as ``timeout``."""
