@@ -87,6 +87,15 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used so far (Linux), or NaN."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_wrk(port: int, connections: int, duration: float, keys: int, seed: int) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT % (seed, keys))
@@ -146,8 +155,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--keys", type=int, default=1000)
-    parser.add_argument("--face", choices=["async", "sync"], default="async")
-    parser.add_argument("--batching", action="store_true", help="group commit in the limiter")
+    parser.add_argument(
+        "--face", choices=["default", "async", "sync"], default="default",
+        help="default: the limiter the middleware opens itself (async, group commit)",
+    )  # fmt: skip
+    parser.add_argument("--batching", action="store_true", help="group commit (async/sync faces)")
     parser.add_argument("--durability", choices=["full", "relaxed"], default="full")
     parser.add_argument("--loadgen", choices=["auto", "wrk", "python"], default="auto")
     parser.add_argument("--json", action="store_true")
@@ -175,16 +187,20 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "BENCH_DURABILITY": args.durability,
     }
     rates: dict[str, list[float]] = {"bare": [], "limited": []}
+    cpu: dict[str, list[float]] = {"bare": [], "limited": []}
     for run in range(args.runs):
         order = ("bare", "limited") if run % 2 == 0 else ("limited", "bare")
         for side in order:
             port = free_port()
             server = start_server(f"examples.bench_app:{side}", env, port)
             try:
+                before = cpu_seconds(server.pid)
                 rate = drive(port, args.connections, args.duration, args.keys, run)
+                used = cpu_seconds(server.pid) - before
             finally:
                 stop_server(server)
             rates[side].append(rate)
+            cpu[side].append(used / (rate * args.duration) * 1e6)
         print(f"run {run + 1}/{args.runs}: bare {rates['bare'][-1]:.0f}/s, limited {rates['limited'][-1]:.0f}/s",
               file=sys.stderr)  # fmt: skip
     ratios = [lim / bare for lim, bare in zip(rates["limited"], rates["bare"], strict=True)]
@@ -202,6 +218,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "bare_median_per_s": round(statistics.median(rates["bare"])),
         "limited_median_per_s": round(statistics.median(rates["limited"])),
         "ratio_median": round(statistics.median(ratios), 3),
+        "server_cpu_us_per_request": {
+            side: round(statistics.median(values), 1) for side, values in cpu.items()
+        },
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -211,7 +230,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             f" {args.connections} connections, {args.keys} keys, {args.runs} runs of {args.duration:g}s)\n"
             f"  bare     median {report['bare_median_per_s']:>7}/s   runs {report['bare_per_s']}\n"
             f"  limited  median {report['limited_median_per_s']:>7}/s   runs {report['limited_per_s']}\n"
-            f"  ratio limited/bare (median of per-run ratios): {report['ratio_median']}"
+            f"  ratio limited/bare (median of per-run ratios): {report['ratio_median']}\n"
+            f"  server CPU per request (median, µs): bare {report['server_cpu_us_per_request']['bare']},"  # type: ignore[index]
+            f" limited {report['server_cpu_us_per_request']['limited']}"  # type: ignore[index]
         )
     return report
 
