@@ -1,6 +1,6 @@
 """``quota doctor``: check a database the way the limiter will use it, and say what to fix.
 
-`diagnose` connects to a store URL, reads (never writes) and returns a list
+`diagnose` connects to a store URL, changes nothing, and returns a list
 of `Finding`: connectivity, the schema revision against what this code
 needs, SQLite's version and journal mode, the PostgreSQL settings of the
 hot tables (UNLOGGED or logged, fillfactor, the share of HOT updates), and
@@ -77,7 +77,7 @@ def diagnose(
 ) -> list[Finding]:
     """Check the database at `url` (default: ``$QUOTA_DATABASE_URL`` or the embedded file).
 
-    Reads only: a missing SQLite file is reported, not created. `clock` is
+    Changes nothing: a missing SQLite file is reported, not created. `clock` is
     the app clock compared with the database's; `timeout` bounds the
     connection and each query, in seconds. Never raises for a database
     problem; raises `ConfigurationError` only for a bad `timeout`.

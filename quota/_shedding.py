@@ -78,7 +78,7 @@ class ConcurrencyGuard:
         self._metrics = metrics
         self._route = route
         self._message = (
-            f"over the ceiling of {self._ceiling} requests in flight;"
+            f"shed: {self._ceiling} request(s) already in flight, the ceiling;"
             f" retry after {self._retry_after}s"
         )
         self._lock = threading.Lock()

@@ -82,7 +82,7 @@ def test_overloaded_is_a_quota_error_carrying_retry_after() -> None:
         pass
     assert isinstance(info.value, quota.QuotaError)
     assert info.value.retry_after == 42
-    assert "1 requests in flight" in str(info.value)
+    assert "1 request(s) already in flight" in str(info.value)
 
 
 # -- the sync face: threads -------------------------------------------------------------
