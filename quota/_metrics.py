@@ -33,12 +33,17 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections import deque
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from quota._core import check_int
-from quota._errors import ConfigurationError
+from quota._errors import ConfigurationError, QuotaError, SchemaError
+from quota._sql import Named
+from quota._store import AsyncStore, Rows, Statement, SyncStore
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -286,3 +291,65 @@ class _PrometheusCollector:
             buckets=list(latency["buckets"].items()),
             sum_value=latency["sum"],
         )
+
+
+def _kind(exc: BaseException) -> str:
+    """A short word for a store failure, for the ``kind`` label."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    if "timeout" in text or "timed out" in text or "canceling statement" in text:
+        return "timeout"
+    if isinstance(exc, SchemaError):
+        return "schema"
+    if "connect" in text or "refused" in text or "closed" in text:
+        return "connection"
+    return "error"
+
+
+class MeteredStore:
+    """A sync store wrapper timing every statement and counting failures into `Metrics`."""
+
+    def __init__(self, store: SyncStore, metrics: Metrics) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.dialect = store.dialect
+
+    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        started = time.perf_counter()
+        try:
+            rows = self.store.execute(sql, params)
+        except QuotaError as exc:
+            self.metrics.record_store_error(_kind(exc))
+            raise
+        self.metrics.observe_store_latency(time.perf_counter() - started)
+        return rows
+
+    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        return self.store.run(op, transaction=transaction)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class AsyncMeteredStore:
+    """The async twin of `MeteredStore`."""
+
+    def __init__(self, store: AsyncStore, metrics: Metrics) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.dialect = store.dialect
+
+    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        started = time.perf_counter()
+        try:
+            rows = await self.store.execute(sql, params)
+        except QuotaError as exc:
+            self.metrics.record_store_error(_kind(exc))
+            raise
+        self.metrics.observe_store_latency(time.perf_counter() - started)
+        return rows
+
+    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+        return await self.store.run(op, transaction=transaction)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()

@@ -218,9 +218,9 @@ class AsyncResilientStore:
 
     async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         if self.health.up:
-            if self._warm is None or not self._warm.done():
-                if not await self._warmed():
-                    return await self._memory(sql, params)
+            warming = self._warm is None or not self._warm.done()
+            if warming and not await self._warmed():
+                return await self._memory(sql, params)
             try:
                 # The store's own timeouts (asyncpg's per-query timeout, the
                 # SQLite busy timeout) hold each call to the budget.
