@@ -10,15 +10,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from quota import _algorithms, _ops, _quotas, _sql
+from quota._abuse import AbuseDetector
 from quota._algorithms import FIXED_WINDOW, Rate, closed_decision, open_decision
 from quota._batch import DEFAULT_MAX_BATCH, AsyncBatchingStore, BatchingStore
-from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, decide, hit_params, stored_key
+from quota._core import (
+    MAX_LIMIT,
+    MAX_WINDOW,
+    Decision,
+    check_int,
+    decide,
+    decide_uncounted,
+    hit_params,
+    stored_key,
+)
 from quota._errors import ConfigurationError, QuotaError
+from quota._metrics import AsyncMeteredStore, MeteredStore, Metrics
 from quota._ops import CleanupResult, Usage
 from quota._policy import as_rates, most_restrictive
 from quota._quotas import (
@@ -80,6 +92,10 @@ class Options:
     durability: str = "full"
     """``"full"``, or ``"relaxed"``: PostgreSQL commits the limiter's statements with
     ``synchronous_commit = off`` (durable quotas stay synchronous). See the README."""
+    metrics: Metrics | None = None
+    """Count decisions (by source), store errors and store latency into this `quota.Metrics`."""
+    abuse: AbuseDetector | None = None
+    """Tell this `quota.AbuseDetector` about every denial (alerts when one key is hammered)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.count_denied, bool):
@@ -104,6 +120,10 @@ class Options:
         if not isinstance(self.batching, bool):
             raise ConfigurationError(f"batching must be a bool, got {self.batching!r}")
         check_int("max_batch", self.max_batch, maximum=100_000)
+        if self.metrics is not None and not isinstance(self.metrics, Metrics):
+            raise ConfigurationError(f"metrics must be a quota.Metrics, got {self.metrics!r}")
+        if self.abuse is not None and not isinstance(self.abuse, AbuseDetector):
+            raise ConfigurationError(f"abuse must be a quota.AbuseDetector, got {self.abuse!r}")
         if self.durability not in DURABILITY_MODES:
             raise ConfigurationError(
                 f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"
@@ -117,6 +137,16 @@ class Options:
     def app_clock(self) -> Clock:
         """The clock read in the app: time.time under the database clock (for peek and fallbacks)."""
         return self.clock if callable(self.clock) else time.time
+
+
+def _observe(limiter: Limiter | AsyncLimiter, decision: Decision, source: str = "") -> None:
+    """Tell the limiter's metrics and abuse detector about one decision (both faces)."""
+    if limiter._metrics is not None:
+        if not source:
+            source = "store" if getattr(limiter.store, "up", True) else "fallback"
+        limiter._metrics.record_decision(decision.allowed, source=source)
+    if limiter._abuse is not None and not decision.allowed:
+        limiter._abuse.record_denial(decision.key)
 
 
 def _check_cost(cost: object, limit: object) -> int:
@@ -139,6 +169,9 @@ class Limiter:
         # else (other algorithms, the database clock) goes through _decide.
         self._fast = not options.database_clock
         self._fallback = options.fallback
+        self._metrics = options.metrics
+        self._abuse = options.abuse
+        self._observing = options.metrics is not None or options.abuse is not None
         self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
         self._record_denials = options.record_rate_denials
 
@@ -162,7 +195,11 @@ class Limiter:
             return self._decide(key, rate, cost, fail_closed)
         now = self._clock()
         params = hit_params(
-            key, limit, window, now, cost if cost == 1 else _check_cost(cost, limit)
+            key,
+            limit,
+            window,
+            now,
+            cost if cost.__class__ is int and cost == 1 else _check_cost(cost, limit),
         )
         try:
             if self._count_denied:
@@ -173,9 +210,14 @@ class Limiter:
             if self._fallback is None:
                 raise
             return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
-        decision = decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
+        if rows:
+            decision = decide(key, limit, window, params[2], now, rows[0][0])
+        else:
+            decision = self._uncounted(key, limit, window, params, now)
         if self._record_denials and not decision.allowed:
             self._record_denial(decision, cost, now)
+        if self._observing:
+            _observe(self, decision)
         return decision
 
     def hit(
@@ -201,19 +243,42 @@ class Limiter:
         try:
             rows = (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
         except StoreDown:
-            return closed_decision(key, rate, now, self._retry_down)
+            decision = closed_decision(key, rate, now, self._retry_down)
+            if self._observing:
+                _observe(self, decision, "fallback")
+            return decision
         except Exception:
             if self._fallback is None:
                 raise
             return self._fail_open(key, rate, cost, now)
-        decision = _algorithms.decide_rows(key, rate, cost, now, rows)
+        if not rows and sql is _sql.HIT_CAPPED:
+            decision = self._uncounted(key, rate.limit, rate.window, params, now)  # type: ignore[arg-type]
+        else:
+            decision = _algorithms.decide_rows(key, rate, cost, now, rows)
         if self._record_denials and not decision.allowed:
             self._record_denial(decision, cost, now)
+        if self._observing:
+            _observe(self, decision)
         return decision
+
+    def _uncounted(
+        self, key: str, limit: int, window: int, params: Sequence[Any], now: float
+    ) -> Decision:
+        """A capped window denied without counting: read what it holds, for honest numbers."""
+        try:
+            stored = self.store.execute(_sql.PEEK, (params[0],))
+        except Exception:  # the denial stands; only the reported count is lost
+            return decide(key, limit, window, params[2], now, None)
+        return decide_uncounted(
+            key, limit, window, params[2], now, int(stored[0][0]) if stored else 0
+        )
 
     def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
         log.exception("quota: neither the store nor the memory fallback decided; allowing")
-        return open_decision(key, rate, cost, now)
+        decision = open_decision(key, rate, cost, now)
+        if self._observing:
+            _observe(self, decision, "fail_open")
+        return decision
 
     def peek(
         self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
@@ -369,6 +434,9 @@ class AsyncLimiter:
         # else (other algorithms, the database clock) goes through _decide.
         self._fast = not options.database_clock
         self._fallback = options.fallback
+        self._metrics = options.metrics
+        self._abuse = options.abuse
+        self._observing = options.metrics is not None or options.abuse is not None
         self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
         self._record_denials = options.record_rate_denials
 
@@ -382,7 +450,11 @@ class AsyncLimiter:
             return await self._decide(key, rate, cost, fail_closed)
         now = self._clock()
         params = hit_params(
-            key, limit, window, now, cost if cost == 1 else _check_cost(cost, limit)
+            key,
+            limit,
+            window,
+            now,
+            cost if cost.__class__ is int and cost == 1 else _check_cost(cost, limit),
         )
         try:
             if self._count_denied:
@@ -393,9 +465,14 @@ class AsyncLimiter:
             if self._fallback is None:
                 raise
             return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
-        decision = decide(key, limit, window, params[2], now, rows[0][0] if rows else None)
+        if rows:
+            decision = decide(key, limit, window, params[2], now, rows[0][0])
+        else:
+            decision = await self._uncounted(key, limit, window, params, now)
         if self._record_denials and not decision.allowed:
             await self._record_denial(decision, cost, now)
+        if self._observing:
+            _observe(self, decision)
         return decision
 
     async def hit(
@@ -416,19 +493,42 @@ class AsyncLimiter:
         try:
             rows = await (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
         except StoreDown:
-            return closed_decision(key, rate, now, self._retry_down)
+            decision = closed_decision(key, rate, now, self._retry_down)
+            if self._observing:
+                _observe(self, decision, "fallback")
+            return decision
         except Exception:
             if self._fallback is None:
                 raise
             return self._fail_open(key, rate, cost, now)
-        decision = _algorithms.decide_rows(key, rate, cost, now, rows)
+        if not rows and sql is _sql.HIT_CAPPED:
+            decision = await self._uncounted(key, rate.limit, rate.window, params, now)  # type: ignore[arg-type]
+        else:
+            decision = _algorithms.decide_rows(key, rate, cost, now, rows)
         if self._record_denials and not decision.allowed:
             await self._record_denial(decision, cost, now)
+        if self._observing:
+            _observe(self, decision)
         return decision
+
+    async def _uncounted(
+        self, key: str, limit: int, window: int, params: Sequence[Any], now: float
+    ) -> Decision:
+        """A capped window denied without counting: read what it holds, for honest numbers."""
+        try:
+            stored = await self.store.execute(_sql.PEEK, (params[0],))
+        except Exception:  # the denial stands; only the reported count is lost
+            return decide(key, limit, window, params[2], now, None)
+        return decide_uncounted(
+            key, limit, window, params[2], now, int(stored[0][0]) if stored else 0
+        )
 
     def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
         log.exception("quota: neither the store nor the memory fallback decided; allowing")
-        return open_decision(key, rate, cost, now)
+        decision = open_decision(key, rate, cost, now)
+        if self._observing:
+            _observe(self, decision, "fail_open")
+        return decision
 
     async def peek(
         self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
@@ -586,6 +686,8 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
         )  # fmt: skip
     if options.batching:
         store = BatchingStore(store, max_batch=options.max_batch)
+    if options.metrics is not None:
+        store = MeteredStore(store, options.metrics)
     if fallback is None:
         return store
     from quota._memory import MemoryStore
@@ -627,6 +729,8 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
         )  # fmt: skip
     if options.batching:
         store = AsyncBatchingStore(store, max_batch=options.max_batch)
+    if options.metrics is not None:
+        store = AsyncMeteredStore(store, options.metrics)
     if fallback is None:
         return store
     from quota._memory import AsyncMemoryStore
@@ -648,6 +752,8 @@ def connect(
     batching: bool = False,
     max_batch: int = DEFAULT_MAX_BATCH,
     durability: str = "full",
+    metrics: Metrics | None = None,
+    abuse: AbuseDetector | None = None,
 ) -> Limiter:
     """A synchronous `Limiter` for the database at `url`.
 
@@ -670,11 +776,16 @@ def connect(
     exact count; a lone call goes out at once. ``durability="relaxed"`` lets
     PostgreSQL commit the limiter's statements without waiting for the WAL
     flush; durable quotas stay synchronous. See the README for both.
+
+    `metrics` (a `quota.Metrics`) counts decisions by source (store,
+    fallback, fail_open), store errors and store latency; `abuse` (a
+    `quota.AbuseDetector`) hears of every denial.
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
         fallback=_fallback(fallback), record_rate_denials=record_rate_denials,
-        batching=batching, max_batch=max_batch, durability=durability,
+        batching=batching, max_batch=max_batch, durability=durability, metrics=metrics,
+        abuse=abuse,
     )  # fmt: skip
     return Limiter(open_sync_store(parse_url(url), options), options)
 
@@ -691,6 +802,8 @@ def connect_async(
     batching: bool = False,
     max_batch: int = DEFAULT_MAX_BATCH,
     durability: str = "full",
+    metrics: Metrics | None = None,
+    abuse: AbuseDetector | None = None,
 ) -> AsyncLimiter:
     """An `AsyncLimiter` for the database at `url`.
 
@@ -703,6 +816,7 @@ def connect_async(
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
         fallback=_fallback(fallback), record_rate_denials=record_rate_denials,
-        batching=batching, max_batch=max_batch, durability=durability,
+        batching=batching, max_batch=max_batch, durability=durability, metrics=metrics,
+        abuse=abuse,
     )  # fmt: skip
     return AsyncLimiter(open_async_store(parse_url(url), options), options)
