@@ -183,7 +183,10 @@ def gcra_step(
     if tat is None:
         return now + increment, True
     arrival = max(tat, now) + increment
-    allowed = arrival - now <= tolerance
+    # Not `arrival - now`: adding `now` and taking it away again rounds (its ulp is
+    # ~2e-7 s), which denied a key idle since long when its cost equals its burst,
+    # unlike no row at all. tat - now is exact (Sterbenz), and small sums stay so.
+    allowed = max(tat - now, 0.0) + increment <= tolerance
     return (arrival if allowed else tat), allowed
 
 

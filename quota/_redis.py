@@ -153,7 +153,7 @@ local tat, allowed = now + increment, true
 if stored then
   tat = tonumber(stored)
   local arrival = math.max(tat, now) + increment
-  allowed = arrival - now <= tolerance
+  allowed = math.max(tat - now, 0.0) + increment <= tolerance
   if allowed then tat = arrival end
 end
 redis.call('HSET', KEYS[1], 'v', fmt(tat))
@@ -463,9 +463,9 @@ class RedisStore:
         _, name, keys, args = command
         try:
             return client.execute_command(_EVAL, SHAS[name], len(keys), *keys, *args)
-        except self._no_script:
-            client.execute_command("SCRIPT", "LOAD", SCRIPTS[name])
-            return client.execute_command(_EVAL, SHAS[name], len(keys), *keys, *args)
+        except self._no_script:  # a restarted or flushed server: load it, once
+            sha = client.execute_command("SCRIPT", "LOAD", SCRIPTS[name])
+            return client.execute_command(_EVAL, sha, len(keys), *keys, *args)
 
     def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         """Run one statement as one Redis command; see `quota._store.SyncStore.execute`."""
@@ -512,9 +512,9 @@ class AsyncRedisStore:
         _, name, keys, args = command
         try:
             return await client.execute_command(_EVAL, SHAS[name], len(keys), *keys, *args)
-        except self._no_script:
-            await client.execute_command("SCRIPT", "LOAD", SCRIPTS[name])
-            return await client.execute_command(_EVAL, SHAS[name], len(keys), *keys, *args)
+        except self._no_script:  # a restarted or flushed server: load it, once
+            sha = await client.execute_command("SCRIPT", "LOAD", SCRIPTS[name])
+            return await client.execute_command(_EVAL, sha, len(keys), *keys, *args)
 
     async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         """See `RedisStore.execute`."""

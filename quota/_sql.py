@@ -227,7 +227,9 @@ TOKEN_BUCKET = Named(
 
 # GCRA: one theoretical arrival time per key.
 _GCRA_ARRIVAL = "(GREATEST(quota_state.value, :now) + :increment)"
-_GCRA_ALLOWED = f"({_GCRA_ARRIVAL} - :now <= :tolerance)"
+#: `quota._algorithms.gcra_step`: GREATEST(tat - now, 0) + increment is exact where
+#: (GREATEST(tat, now) + increment) - now rounds.
+_GCRA_ALLOWED = "(GREATEST(quota_state.value - :now, 0.0) + :increment <= :tolerance)"
 GCRA = Named(
     "gcra",
     _STATE_COLUMNS + " VALUES (:bucket_key, :client_key, :window, :now + :increment, 0.0, 0.0, 1,"
