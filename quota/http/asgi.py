@@ -45,6 +45,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _EXPOSE = b"access-control-expose-headers"
+#: Header names as ASGI sends them (lower-case bytes), encoded once.
+_NAMES: dict[str, bytes] = {}
 
 
 class AsgiHeaders(Mapping[str, str]):
@@ -58,12 +60,13 @@ class AsgiHeaders(Mapping[str, str]):
     __slots__ = ("_raw",)
 
     def __init__(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
-        raw: dict[bytes, bytes] = {}
-        for name, value in pairs:
-            if name in raw:
-                raw[name] = raw[name] + b"," + value
-            else:
-                raw[name] = value
+        if not isinstance(pairs, (list, tuple)):
+            pairs = list(pairs)
+        raw: dict[bytes, bytes] = dict(pairs)
+        if len(raw) != len(pairs):  # a repeated header: join its values
+            raw = {}
+            for name, value in pairs:
+                raw[name] = raw[name] + b"," + value if name in raw else value
         self._raw = raw
 
     def get(self, name: str, default: Any = None) -> Any:
@@ -186,7 +189,11 @@ async def send_response(send: Send, response: HttpResponse) -> None:
 def add_headers(headers: list[tuple[bytes, bytes]], verdict: Verdict) -> list[tuple[bytes, bytes]]:
     """The app's response headers with the verdict's added (merging CORS exposure)."""
     out = list(headers)
-    out += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in verdict.headers]
+    for name, value in verdict.headers:
+        raw = _NAMES.get(name)
+        if raw is None:
+            raw = _NAMES[name] = name.lower().encode("latin-1")
+        out.append((raw, value.encode("latin-1")))
     if verdict.expose:
         existing = [v.decode("latin-1") for k, v in out if k.lower() == _EXPOSE]
         out = [(k, v) for k, v in out if k.lower() != _EXPOSE]
