@@ -111,6 +111,10 @@ def _next_month(day: dt.date) -> dt.date:
     return dt.date(day.year + day.month // 12, day.month % 12 + 1, 1)
 
 
+#: The last calendar period computed per (period, zone): most calls fall in it.
+_last: dict[tuple[str, Zone], tuple[int, int]] = {}
+
+
 def bounds(period: Period, now: float, zone: Zone) -> tuple[int, int]:
     """``(start, end)`` of the period holding the instant `now`, in epoch seconds.
 
@@ -120,6 +124,18 @@ def bounds(period: Period, now: float, zone: Zone) -> tuple[int, int]:
         second = math.floor(now)
         start = second - second % period
         return start, start + period
+    assert isinstance(period, str)
+    # Periods tile time, so the one that held the previous call holds this
+    # one too unless `now` left it: the calendar is consulted once a period.
+    last = _last.get((period, zone))
+    if last is not None and last[0] <= now < last[1]:
+        return last
+    found = _calendar_bounds(period, now, zone)
+    _last[(period, zone)] = found
+    return found
+
+
+def _calendar_bounds(period: str, now: float, zone: Zone) -> tuple[int, int]:
     today = dt.datetime.fromtimestamp(math.floor(now), zone).date()
     if period == DAY:
         first, following = today, today + dt.timedelta(days=1)

@@ -656,7 +656,10 @@ def _steps(
             params = hit_params(limit.key, limit.limit, limit.window, now, checked_cost)
             step, identity = _RateStep(index, limit, params), ("rate", params[0])
         else:
-            spot = _spot(limit.subject, limit.name, limit.period, limit.tz, now)
+            # Checked when the QuotaLimit was built: only place it in its period.
+            zone, tz_name = _periods.load_zone(limit.tz, limit.period)
+            start, end = _periods.bounds(limit.period, now, zone)
+            spot = _Spot(limit.subject, limit.name, str(limit.period), tz_name, start, end)
             step, identity = _QuotaStep(index, limit, spot), ("quota", spot.subject, spot.name)
         if identity in seen:
             raise ConfigurationError(
