@@ -245,12 +245,21 @@ def top(ctx: click.Context, count: int, as_json: bool) -> None:
     "--every", callback=_duration("every"),
     help="Keep running and clean on this period (e.g. 30m) until SIGTERM or Ctrl-C.",
 )  # fmt: skip
+@click.option(
+    "--ledger-older-than", callback=_duration("ledger-older-than"),
+    help="Also delete quota ledger entries older than this (e.g. 400d; at least 1d).",
+)  # fmt: skip
 @_json_option
 @click.pass_context
 def cleanup(
-    ctx: click.Context, grace: int, batch_size: int, dry_run: bool, every: int | None, as_json: bool
-) -> None:
-    """Delete rate windows that have ended. Never touches anything else.
+    ctx: click.Context, grace: int, batch_size: int, dry_run: bool, every: int | None,
+    ledger_older_than: int | None, as_json: bool,
+) -> None:  # fmt: skip
+    """Delete rate windows that have ended. Never touches durable quotas' usage.
+
+    The quota ledger is kept forever unless --ledger-older-than is given:
+    then its entries older than that go too (idempotency keys of charges
+    deleted with them are forgotten).
 
     On PostgreSQL only one cleanup runs at a time: a second one says so and
     exits 0.
@@ -264,8 +273,18 @@ def cleanup(
             text = f"{result.expired} expired row(s) would be deleted"
         else:
             text = f"deleted {result.deleted} expired row(s)"
-        _emit(asdict(result), as_json, text)
+        data: dict[str, Any] = asdict(result)
+        if ledger_older_than is not None:
+            kept = limiter.cleanup_ledger(
+                older_than=ledger_older_than, batch_size=batch_size, dry_run=dry_run
+            )
+            data["ledger"] = asdict(kept)
+            verb = "would be deleted" if kept.dry_run else "deleted"
+            text += f"\n{kept.expired} ledger entr{'y' if kept.expired == 1 else 'ies'} {verb}"
+        _emit(data, as_json, text)
 
+    if ledger_older_than is not None and ledger_older_than < 86400:
+        raise click.BadParameter("must be at least 1d", param_hint="--ledger-older-than")
     with _errors(), _limiter(ctx) as limiter:
         if every is None:
             once(limiter)
@@ -330,6 +349,12 @@ def demo(ctx: click.Context, clients: int) -> None:
     help="auto: async for PostgreSQL, sync for SQLite (the targets of the README).",
 )  # fmt: skip
 @click.option(
+    "--scenario", type=click.Choice(["rate", "quota", "check"]), default="rate",
+    show_default=True,
+    help="rate: rate_limit; quota: consume_quota with idempotency keys (--keys subjects);"
+    " check: two rate windows and a quota, all or nothing.",
+)  # fmt: skip
+@click.option(
     "--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
     help="Run the batching report instead (1/8/64/256 callers, distinct keys and one hot key,"
     " bare driver / one by one / batched, on SQLite and on --url if PostgreSQL; cleanup of"
@@ -348,11 +373,12 @@ def bench(
     duration: float,
     runs: int,
     face: str,
+    scenario: str,
     report_dir: Path | None,
     cleanup_rows: int,
     as_json: bool,
 ) -> None:
-    """Decisions per second of quota beside the bare driver doing the same upsert.
+    """Decisions per second of quota beside the bare driver running the same statements.
 
     Runs against --url (migrating it first). Prints both rates and their
     ratio, medians of --runs alternating runs. With --report DIR, runs the
@@ -374,6 +400,7 @@ def bench(
         return
     with _errors():
         report = run_bench(
-            _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face
-        )
+            _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face,
+            scenario=scenario,
+        )  # fmt: skip
     _emit(report.as_dict(), as_json, report.table())

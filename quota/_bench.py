@@ -46,6 +46,8 @@ class BenchReport:
     duration: float
     bare: list[float] = field(default_factory=list)
     quota: list[float] = field(default_factory=list)
+    scenario: str = "rate"
+    """``rate`` (rate_limit), ``quota`` (consume_quota) or ``check``; see `quota._bench_quotas`."""
 
     @property
     def ratios(self) -> list[float]:
@@ -53,6 +55,7 @@ class BenchReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "scenario": self.scenario,
             "url": self.url,
             "face": self.face,
             "driver": self.driver,
@@ -70,7 +73,8 @@ class BenchReport:
         d = self.as_dict()
         return "\n".join(
             [
-                f"quota bench: {self.driver} ({self.face} face), {self.concurrency} callers,"
+                f"quota bench ({self.scenario}): {self.driver} ({self.face} face),"
+                f" {self.concurrency} callers,"
                 f" {self.keys} keys, {len(self.bare)} runs of {self.duration:g}s",
                 f"  {'':<22} {'median/s':>10}   runs",
                 f"  {'bare ' + self.driver:<22} {d['bare_median_per_s']:>10}   "
@@ -236,9 +240,20 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
 
 def run_bench(
     url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
-    face: str = "auto",
+    face: str = "auto", scenario: str = "rate",
 ) -> BenchReport:  # fmt: skip
-    """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc."""
+    """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc.
+
+    `scenario` is ``rate`` (rate_limit, the default), ``quota`` (consume_quota
+    with idempotency keys) or ``check`` (two rate windows and a quota); see
+    `quota._bench_quotas`.
+    """
+    from quota import _bench_quotas
+
+    if scenario not in _bench_quotas.SCENARIOS:
+        raise ConfigurationError(
+            f"scenario must be one of {', '.join(_bench_quotas.SCENARIOS)}, got {scenario!r}"
+        )
     for name, value in (("concurrency", concurrency), ("keys", keys), ("runs", runs)):
         if type(value) is not int or value < 1:
             raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
@@ -251,11 +266,15 @@ def run_bench(
     plain = url.split("://", 1)
     base_url = f"{parsed.dialect}://{plain[1]}"
     migrate(url)
-    report = BenchReport(url, face, driver, concurrency, keys, duration)
+    report = BenchReport(url, face, driver, concurrency, keys, duration, scenario=scenario)
     for run in range(runs):
         order = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
         for side in order:
-            if face == "sync":
+            if scenario != "rate":
+                rate = _bench_quotas.measure(
+                    scenario, side, face, parsed, base_url, concurrency, keys, duration
+                )
+            elif face == "sync":
                 rate = (
                     _sync_bare(parsed, concurrency, keys, duration)
                     if side == "bare"

@@ -1,0 +1,192 @@
+"""``quota usage``, ``grant``, ``refund`` and ``ledger``: durable quotas from the shell.
+
+A thin layer over `Limiter.quota_usage`, `grant_quota`, `refund_quota` and
+`ledger`. Exit codes as for every command (see `cli.main`): 0 done (a refund
+that found nothing to give back is done too, and says so), 2 bad option or
+argument, 3 database, URL or schema error.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import time
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+import quota
+from quota._core import parse_duration
+from quota._periods import CALENDAR
+
+from .main import _emit, _errors, _json_option, _limiter, main, url_option
+
+
+def _iso(epoch: float | None) -> str:
+    """`epoch` as ISO 8601 in UTC (``-`` for None)."""
+    if epoch is None:
+        return "-"
+    moment = dt.datetime.fromtimestamp(epoch, dt.timezone.utc)
+    return moment.isoformat(timespec="seconds" if epoch == int(epoch) else "milliseconds")
+
+
+def _period(_ctx: click.Context, _param: click.Parameter, value: str) -> str | int:
+    if value in CALENDAR:
+        return value
+    try:
+        return parse_duration("period", value)
+    except quota.ConfigurationError:
+        raise click.BadParameter(
+            f"{value!r} is not one of {', '.join(CALENDAR)} or a duration (3600, 90m, 12h, 7d)"
+        ) from None
+
+
+def _since(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    """``7d`` (that long ago) or an ISO 8601 date or time (UTC unless it names an offset)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text[-1:].isalpha() and text[:-1].isdigit():
+        return time.time() - parse_duration("since", text)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration ago (7d, 12h) nor an ISO date or time"
+            " (2026-01-31, 2026-01-31T12:00:00+01:00)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return moment.timestamp()
+
+
+@main.command()
+@click.argument("subject")
+@click.option("--all", "include_ended", is_flag=True, help="Ended periods too, newest first.")
+@_json_option
+@url_option
+@click.pass_context
+def usage(ctx: click.Context, subject: str, include_ended: bool, as_json: bool) -> None:
+    """SUBJECT's durable quotas: used, limit, granted, remaining and reset, per period.
+
+    Lists the periods running now (the limit shown is that of the last
+    consumption; '-' when the period only saw grants).
+    """
+    with _errors(), _limiter(ctx) as limiter:
+        rows = limiter.quota_usage(subject, include_ended=include_ended)
+    header = (
+        f"{'NAME':<20} {'PERIOD':<20} {'USED':>10} {'LIMIT':>10} {'GRANTED':>8}"
+        f" {'REMAINING':>10}  RESETS AT (UTC)"
+    )
+    lines = [header]
+    for u in rows:
+        period = f"{u.period}@{u.tz}" if u.tz and u.tz != "UTC" else str(u.period)
+        lines.append(
+            f"{u.name:<20} {period:<20} {u.used:>10} {_dash(u.limit):>10} {u.granted:>8}"
+            f" {_dash(u.remaining):>10}  {_iso(u.resets_at)}"
+        )
+    if not rows:
+        lines.append(f"(no quota of {subject!r} in a running period)")
+    _emit([asdict(u) for u in rows], as_json, "\n".join(lines))
+
+
+def _dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+@main.command()
+@click.argument("subject")
+@click.argument("name")
+@click.argument("amount", type=int)
+@click.option(
+    "--period", "-p", required=True, callback=_period,
+    help="The quota's period: day, week, month, or seconds (3600, 12h).",
+)  # fmt: skip
+@click.option("--tz", help="IANA time zone of calendar periods (default UTC).")
+@_json_option
+@url_option
+@click.pass_context
+def grant(
+    ctx: click.Context, subject: str, name: str, amount: int, period: str | int, tz: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Give SUBJECT AMOUNT more units of quota NAME for the current period only."""
+    with _errors(), _limiter(ctx) as limiter:
+        u = limiter.grant_quota(subject, name, amount, period, tz)
+    text = (
+        f"granted {amount} to {subject!r} {name!r} until {_iso(u.resets_at)}:"
+        f" {u.granted} granted this period, {u.used} used, {_dash(u.remaining)} remaining"
+    )
+    _emit(asdict(u), as_json, text)
+
+
+@main.command()
+@click.argument("subject")
+@click.argument("name")
+@click.argument("idempotency_key")
+@_json_option
+@url_option
+@click.pass_context
+def refund(
+    ctx: click.Context, subject: str, name: str, idempotency_key: str, as_json: bool
+) -> None:
+    """Give back the charge IDEMPOTENCY_KEY holds on SUBJECT's quota NAME.
+
+    Refunding an unknown key or one already refunded changes nothing, says
+    so, and exits 0.
+    """
+    with _errors(), _limiter(ctx) as limiter:
+        result = limiter.refund_quota(subject, name, idempotency_key)
+    if result.refunded:
+        text = (
+            f"refunded {result.amount} to {subject!r} {name!r}; {result.used} used in that period"
+        )
+    elif result.status == "already_refunded":
+        text = f"nothing to refund: {idempotency_key!r} was already refunded"
+    else:
+        text = f"nothing to refund: no charge of {subject!r} {name!r} holds {idempotency_key!r}"
+    _emit(asdict(result), as_json, text)
+
+
+_LEDGER_FIELDS = [
+    "id", "time", "at", "subject", "name", "kind", "cost", "idempotency_key", "period_start",
+    "resets_at", "limit", "used", "remaining", "refunded_at",
+]  # fmt: skip
+
+
+@main.command()
+@click.argument("subject")
+@click.option(
+    "--since", callback=_since,
+    help="Entries from then on: a duration ago (7d, 12h) or an ISO date or time (UTC by default).",
+)  # fmt: skip
+@_json_option
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header row, for spreadsheets.")
+@url_option
+@click.pass_context
+def ledger(
+    ctx: click.Context, subject: str, since: float | None, as_json: bool, as_csv: bool
+) -> None:
+    """SUBJECT's ledger, oldest first: every consume, denial, refund and grant."""
+    if as_json and as_csv:
+        raise click.UsageError("give --json or --csv, not both")
+    with _errors(), _limiter(ctx) as limiter:
+        entries = limiter.ledger(subject, since)
+    rows: list[dict[str, Any]] = [{"time": _iso(e.at), **asdict(e)} for e in entries]
+    if as_csv:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=_LEDGER_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        click.echo(out.getvalue(), nl=False)
+        return
+    lines = [f"{'TIME (UTC)':<29} {'KIND':<11} {'NAME':<16} {'COST':>6} {'USED':>8}  KEY"]
+    lines += [
+        f"{r['time']:<29} {r['kind']:<11} {r['name']:<16} {r['cost']:>6}"
+        f" {_dash(r['used']):>8}  {r['idempotency_key'] or '-'}"
+        + (" (refunded)" if r["refunded_at"] is not None else "")
+        for r in rows
+    ]
+    _emit(rows, as_json, "\n".join(lines))
