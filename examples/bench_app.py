@@ -2,6 +2,7 @@
 
     uvicorn examples.bench_app:bare
     QUOTA_DATABASE_URL=... QUOTA_HASH_SECRET=... uvicorn examples.bench_app:limited
+    uvicorn examples.bench_app:no_database      # the middleware with a stand-in limiter
 
 ``BENCH_FACE`` picks the limiter behind the middleware: ``default`` (the
 one the middleware opens itself: async, with group commit), ``async``
@@ -60,8 +61,40 @@ def _limited() -> QuotaMiddleware:
 
 def __getattr__(name: str) -> Any:
     # Built on first use, so `uvicorn examples.bench_app:bare` never opens a limiter.
-    if name == "limited":
-        app = _limited()
-        globals()["limited"] = app
+    makers = {"limited": _limited, "no_database": _no_database}
+    if name in makers:
+        app = makers[name]()
+        globals()[name] = app
         return app
     raise AttributeError(name)
+
+
+class _NoDatabase:
+    """A stand-in limiter that allows everything without a database: the middleware's own cost."""
+
+    def __init__(self) -> None:
+        import time
+
+        from quota._core import Decision
+
+        self._decision = Decision(True, "k", 10**9, 10**9 - 1, 1, 3600, int(time.time()) + 3600, 0)
+        self.store = _NoStore()
+        self.options = quota.Options()
+
+    async def rate_limit(self, *_args: Any, **_kwargs: Any) -> Any:
+        return self._decision
+
+    async def hit(self, *_args: Any, **_kwargs: Any) -> Any:
+        return self._decision
+
+
+class _NoStore:
+    dialect = "sqlite"
+
+    async def execute(self, *_args: Any) -> list[Any]:
+        return []
+
+
+def _no_database() -> QuotaMiddleware:
+    config = HttpConfig.from_env(default=RoutePolicy(name="bench", rates="1000000000/hour"))
+    return QuotaMiddleware(bare, limiter=_NoDatabase(), config=config)  # type: ignore[arg-type]

@@ -50,12 +50,16 @@ def free_port() -> int:
         return port
 
 
+#: ``--pin``: the server runs on CPU 0 and the load generator on CPU 1.
+PIN: dict[str, list[str]] = {"server": [], "load": []}
+
+
 def start_server(
     app: str, env: dict[str, str], port: int, timeout: float = 20.0
 ) -> subprocess.Popen[bytes]:
     """uvicorn serving `app` on `port`; waits (at most `timeout` s) until it answers."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port),
+        [*PIN["server"], sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port),
          "--log-level", "warning", "--no-access-log"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -101,7 +105,7 @@ def run_wrk(port: int, connections: int, duration: float, keys: int, seed: int) 
         script.write(WRK_SCRIPT % (seed, keys))
     try:
         done = subprocess.run(
-            ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", script.name,
+            [*PIN["load"], "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", script.name,
              f"http://{HOST}:{port}/"],
             capture_output=True, text=True, timeout=duration + 30,
         )  # fmt: skip
@@ -162,6 +166,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--batching", action="store_true", help="group commit (async/sync faces)")
     parser.add_argument("--durability", choices=["full", "relaxed"], default="full")
     parser.add_argument("--loadgen", choices=["auto", "wrk", "python"], default="auto")
+    parser.add_argument(
+        "--pin", action="store_true", help="server on CPU 0, load generator on CPU 1 (taskset)"
+    )
+    parser.add_argument(
+        "--no-database", action="store_true",
+        help="measure the middleware with a stand-in limiter that answers without a database",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if not 1 <= args.runs <= 50 or not 0 < args.duration <= 60 or not 1 <= args.connections <= 256:
@@ -170,6 +181,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if loadgen == "auto":
         loadgen = "wrk" if shutil.which("wrk") else "python"
     drive = run_wrk if loadgen == "wrk" else run_python
+    if args.pin:
+        if loadgen != "wrk" or not shutil.which("taskset"):
+            parser.error("--pin needs wrk and taskset")
+        PIN.update(server=["taskset", "-c", "0"], load=["taskset", "-c", "1"])
 
     sys.path.insert(0, str(ROOT))
     import quota
@@ -192,7 +207,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         order = ("bare", "limited") if run % 2 == 0 else ("limited", "bare")
         for side in order:
             port = free_port()
-            server = start_server(f"examples.bench_app:{side}", env, port)
+            app = "no_database" if side == "limited" and args.no_database else side
+            server = start_server(f"examples.bench_app:{app}", env, port)
             try:
                 before = cpu_seconds(server.pid)
                 rate = drive(port, args.connections, args.duration, args.keys, run)
@@ -210,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "batching": args.batching,
         "durability": args.durability,
         "loadgen": loadgen,
+        "pinned": args.pin,
+        "no_database": args.no_database,
         "connections": args.connections,
         "keys": args.keys,
         "duration_s": args.duration,
@@ -226,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         print(json.dumps(report, indent=2))
     else:
         print(
-            f"{report['url']} ({args.face} limiter, batching={args.batching}, {loadgen},"
+            f"{'no database' if args.no_database else report['url']} ({args.face} limiter, batching={args.batching}, {loadgen},"
             f" {args.connections} connections, {args.keys} keys, {args.runs} runs of {args.duration:g}s)\n"
             f"  bare     median {report['bare_median_per_s']:>7}/s   runs {report['bare_per_s']}\n"
             f"  limited  median {report['limited_median_per_s']:>7}/s   runs {report['limited_per_s']}\n"
