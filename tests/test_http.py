@@ -602,3 +602,28 @@ def test_a_missing_policies_table_leaves_the_code_defaults(
 
     assert [r.header("X-RateLimit-Remaining") for r in replies] == ["2", "1"]
     assert client.metrics.get("policy_refresh_failed") == 1
+
+
+def test_a_failed_policy_read_leaves_a_fallback_limiter_on_the_database(
+    framework: str, tmp_path: Any, clock: Clock
+) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    quota.migrate(url)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "q.db") as conn:
+        conn.execute("DROP TABLE quota_policies")
+    connect = quota.connect_async if framework == "starlette" else quota.connect
+    limiter = connect(url, clock=clock, fallback=True)
+    client = make_client(framework, url, clock, make_config(runtime_policies=True), limiter=limiter)
+    try:
+        replies = [client.get("/api/items") for _ in range(2)]
+        store_up = limiter.store.up
+    finally:
+        client.close()
+
+    assert [r.header("X-RateLimit-Remaining") for r in replies] == ["2", "1"]
+    assert client.metrics.get("policy_refresh_failed") == 1
+    assert store_up, "reading the overrides must not mark the database down"
+    with quota.connect(url, clock=clock) as plain:
+        assert [u.count for u in plain.top(10)] == [2], "the hits were counted in the database"

@@ -57,7 +57,7 @@ from quota.http._responses import (
     too_many_requests,
     unavailable,
 )
-from quota.http._runtime import SELECT, RuntimePolicies
+from quota.http._runtime import RuntimePolicies, read_op
 
 log = logging.getLogger("quota.http")
 
@@ -477,7 +477,7 @@ def sync_effects(limiter: Any) -> tuple[Callable[[Hit], Decision], Callable[[], 
     A single rate goes through ``rate_limit`` (the limiter's hot path for a
     fixed window), several through ``hit``.
     """
-    rate_limit, hit_many, execute = limiter.rate_limit, limiter.hit, limiter.store.execute
+    rate_limit, hit_many, run = limiter.rate_limit, limiter.hit, limiter.store.run
 
     def hit(effect: Hit) -> Decision:
         rates = effect.rates
@@ -490,7 +490,7 @@ def sync_effects(limiter: Any) -> tuple[Callable[[Hit], Decision], Callable[[], 
         return hit_many(effect.key, rates, cost=effect.cost)  # type: ignore[no-any-return]
 
     def load() -> Any:
-        return execute(SELECT, ())
+        return run(read_op(), transaction=False)
 
     return hit, load
 
@@ -499,7 +499,7 @@ def async_effects(
     limiter: Any,
 ) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
     """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`; see `sync_effects`."""
-    rate_limit, hit_many, execute = limiter.rate_limit, limiter.hit, limiter.store.execute
+    rate_limit, hit_many, run = limiter.rate_limit, limiter.hit, limiter.store.run
 
     def hit(effect: Hit) -> Awaitable[Decision]:
         rates = effect.rates
@@ -512,7 +512,7 @@ def async_effects(
         return hit_many(effect.key, rates, cost=effect.cost)  # type: ignore[no-any-return]
 
     def load() -> Awaitable[Any]:
-        return execute(SELECT, ())  # type: ignore[no-any-return]
+        return run(read_op(), transaction=False)  # type: ignore[no-any-return]
 
     return hit, load
 

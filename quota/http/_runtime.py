@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,17 @@ UPSERT = (
     " RETURNING 1"
 )
 DELETE = "DELETE FROM quota_policies WHERE route = ? AND subject = ? RETURNING 1"
+
+
+def read_op() -> Generator[tuple[str, tuple[()]], Sequence[Sequence[Any]], Sequence[Sequence[Any]]]:
+    """The read of the table as a store operation (``store.run(read_op(), transaction=False)``).
+
+    An operation, not a bare ``execute``: a store with a memory fallback
+    sends operations to the database only, so a failed read of the
+    overrides neither lands in memory nor marks the database down.
+    """
+    rows = yield SELECT, ()
+    return rows
 
 
 @dataclass(frozen=True, kw_only=True)
