@@ -71,8 +71,11 @@ class Face:
     def rate_limit(self, key: Any, limit: Any, window: Any, **kwargs: Any) -> quota.Decision:
         return self._run(self.limiter.rate_limit(key, limit, window, **kwargs))  # type: ignore[no-any-return]
 
-    def peek(self, key: Any, limit: Any, window: Any) -> quota.Decision:
-        return self._run(self.limiter.peek(key, limit, window))  # type: ignore[no-any-return]
+    def peek(self, key: Any, limit: Any, window: Any, **kwargs: Any) -> quota.Decision:
+        return self._run(self.limiter.peek(key, limit, window, **kwargs))  # type: ignore[no-any-return]
+
+    def hit(self, key: Any, rates: Any, **kwargs: Any) -> quota.Decision:
+        return self._run(self.limiter.hit(key, rates, **kwargs))  # type: ignore[no-any-return]
 
     def reset(self, key: Any, window: Any = None) -> int:
         return self._run(self.limiter.reset(key, window))  # type: ignore[no-any-return]

@@ -15,6 +15,7 @@ schema is migrated once and ``quota_counters`` is truncated before each test.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import uuid
@@ -208,3 +209,80 @@ def backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
 def pg_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     """The PostgreSQL rows of the backend table only."""
     yield from _backend(request, clock)
+
+
+# -- memory and Redis: the other two rows of the backend table ----------------------------
+#
+# Redis comes from ``$QUOTA_TEST_REDIS_URL``, else ``redis://127.0.0.1:6379/0``; without
+# one (or without redis-py) tests marked ``redis`` skip, saying why. Each test gets a key
+# prefix of its own, whose keys are deleted afterwards.
+
+REDIS_ENV_URL = "QUOTA_TEST_REDIS_URL"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+MEMORY_FACES = ("memory-sync", "memory-async")
+REDIS_FACES = ("redis-sync", "redis-async")
+EVERY_FACE = SQLITE_FACES + POSTGRES_FACES + MEMORY_FACES + REDIS_FACES
+
+
+@functools.cache
+def _find_redis() -> tuple[str | None, str]:
+    url = os.environ.get(REDIS_ENV_URL) or DEFAULT_REDIS_URL
+    try:
+        import redis
+    except ImportError:
+        return None, "Redis tests need redis-py: pip install 'quota[redis]'"
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2) as client:
+            client.ping()
+    except redis.RedisError as exc:
+        return None, f"Redis not available at {url} (${REDIS_ENV_URL}): {exc}"
+    return url, ""
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A Redis store URL with a key prefix of its own; skips without Redis."""
+    server, reason = _find_redis()
+    if server is None:
+        pytest.skip(reason)
+    import redis
+
+    prefix = f"quota-test-{uuid.uuid4().hex[:12]}:"
+    yield f"{server}{'&' if '?' in server else '?'}prefix={prefix}"
+    with redis.Redis.from_url(server) as client:
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+def store_url(request: pytest.FixtureRequest, dialect: str) -> str:
+    """An empty store of `dialect` for this test: SQLite, PostgreSQL, memory or Redis."""
+    if dialect == "memory":
+        return f"memory://test-{uuid.uuid4().hex}"  # named: every limiter of the test shares it
+    if dialect == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    if dialect == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    import psycopg
+
+    url = str(request.getfixturevalue("pg_clean_url"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE quota_state")
+    return url
+
+
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    if name in POSTGRES_FACES:
+        return [pytest.mark.postgres]
+    return [pytest.mark.redis] if name in REDIS_FACES else []
+
+
+@pytest.fixture(params=[pytest.param(name, id=name, marks=_marks(name)) for name in EVERY_FACE])
+def every_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
+    """Every store and face: SQLite, PostgreSQL, memory and Redis, each sync and async, on `clock`."""
+    name: str = request.param
+    backend = Backend(name, store_url(request, name.split("-")[0]), clock)
+    try:
+        yield backend
+    finally:
+        backend.close()
