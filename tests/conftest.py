@@ -132,7 +132,7 @@ def pg_clean_url(pg_url: str) -> str:
     import psycopg
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE quota_counters")
+        conn.execute("TRUNCATE quota_counters, quota_state")
     return pg_url
 
 
