@@ -355,6 +355,11 @@ def demo(ctx: click.Context, clients: int) -> None:
     " check: two rate windows and a quota, all or nothing.",
 )  # fmt: skip
 @click.option(
+    "--algorithm", type=click.Choice(list(quota.ALGORITHMS)), default="fixed_window",
+    show_default=True,
+    help="What the rate scenario's quota side runs; the bare side stays the fixed-window upsert.",
+)  # fmt: skip
+@click.option(
     "--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
     help="Run the batching report instead (1/8/64/256 callers, distinct keys and one hot key,"
     " bare driver / one by one / batched, on SQLite and on --url if PostgreSQL; cleanup of"
@@ -374,6 +379,7 @@ def bench(
     runs: int,
     face: str,
     scenario: str,
+    algorithm: str,
     report_dir: Path | None,
     cleanup_rows: int,
     as_json: bool,
@@ -401,6 +407,6 @@ def bench(
     with _errors():
         report = run_bench(
             _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face,
-            scenario=scenario,
+            scenario=scenario, algorithm=algorithm,
         )  # fmt: skip
     _emit(report.as_dict(), as_json, report.table())

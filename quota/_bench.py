@@ -9,6 +9,12 @@ Concurrency means threads, each with its own connection, on the sync face,
 and tasks sharing one limiter (a pool of `concurrency` connections for
 PostgreSQL) on the async face. Limits are set high enough that every call is
 allowed, so both sides do the same work.
+
+``algorithm`` picks what the quota side runs (the rate scenario); the bare side
+stays the fixed-window upsert, the baseline every algorithm is held to. On
+``redis://`` the bare side is one EVALSHA of a plain INCRBY+EXPIRE script per
+call (quota's decision is one EVALSHA too). ``memory://`` has no driver to
+compare with: it reports quota's decisions per second on one thread.
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quota import _sql
+from quota._algorithms import FIXED_WINDOW, check_algorithm
 from quota._errors import ConfigurationError
 from quota._limiter import connect, connect_async
 from quota._migrate import migrate
 from quota._sqlite import pragmas
-from quota._url import StoreURL, parse_url
+from quota._url import SCHEMALESS, StoreURL, parse_url
 
 WINDOW = 3600
 LIMIT = 2**60
@@ -48,14 +55,18 @@ class BenchReport:
     quota: list[float] = field(default_factory=list)
     scenario: str = "rate"
     """``rate`` (rate_limit), ``quota`` (consume_quota) or ``check``; see `quota._bench_quotas`."""
+    algorithm: str = FIXED_WINDOW
+    """What the quota side of the rate scenario runs; the bare side is the fixed window."""
 
     @property
     def ratios(self) -> list[float]:
         return [q / b for q, b in zip(self.quota, self.bare, strict=True) if b]
 
     def as_dict(self) -> dict[str, Any]:
+        bare = bool(self.bare)  # memory:// has no bare driver
         return {
             "scenario": self.scenario,
+            "algorithm": self.algorithm,
             "url": self.url,
             "face": self.face,
             "driver": self.driver,
@@ -64,26 +75,34 @@ class BenchReport:
             "duration_s": self.duration,
             "bare_per_s": [round(x) for x in self.bare],
             "quota_per_s": [round(x) for x in self.quota],
-            "bare_median_per_s": round(statistics.median(self.bare)),
+            "bare_median_per_s": round(statistics.median(self.bare)) if bare else None,
             "quota_median_per_s": round(statistics.median(self.quota)),
-            "ratio_median": round(statistics.median(self.ratios), 3),
+            "ratio_median": round(statistics.median(self.ratios), 3) if bare else None,
         }
 
     def table(self) -> str:
         d = self.as_dict()
-        return "\n".join(
-            [
-                f"quota bench ({self.scenario}): {self.driver} ({self.face} face),"
-                f" {self.concurrency} callers,"
-                f" {self.keys} keys, {len(self.bare)} runs of {self.duration:g}s",
-                f"  {'':<22} {'median/s':>10}   runs",
+        scenario = self.scenario if self.scenario != "rate" else f"rate, {self.algorithm}"
+        lines = [
+            f"quota bench ({scenario}): {self.driver} ({self.face} face),"
+            f" {self.concurrency} callers,"
+            f" {self.keys} keys, {len(self.quota)} runs of {self.duration:g}s",
+            f"  {'':<22} {'median/s':>10}   runs",
+        ]
+        if self.bare:
+            lines.append(
                 f"  {'bare ' + self.driver:<22} {d['bare_median_per_s']:>10}   "
-                + " ".join(str(x) for x in d["bare_per_s"]),
-                f"  {'quota':<22} {d['quota_median_per_s']:>10}   "
-                + " ".join(str(x) for x in d["quota_per_s"]),
-                f"  ratio quota/bare (median of per-run ratios): {d['ratio_median']:.3f}",
-            ]
+                + " ".join(str(x) for x in d["bare_per_s"])
+            )
+        lines.append(
+            f"  {'quota':<22} {d['quota_median_per_s']:>10}   "
+            + " ".join(str(x) for x in d["quota_per_s"])
         )
+        if self.bare:
+            lines.append(f"  ratio quota/bare (median of per-run ratios): {d['ratio_median']:.3f}")
+        else:
+            lines.append("  no bare driver to compare with: decisions per second on one thread")
+        return "\n".join(lines)
 
 
 def _key_stream(keys: int, seed: int) -> Callable[[], str]:
@@ -138,24 +157,118 @@ def _bare_params(key: str) -> tuple[Any, ...]:
     return (f"{WINDOW}:{start}:k:{key}", "k:" + key, start, WINDOW, 1, now)
 
 
+#: The bare Redis baseline: the fixed window as anyone would script it by hand.
+_BARE_REDIS = """
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if n == tonumber(ARGV[1]) then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+return n
+"""
+_BARE_REDIS_PREFIX = "quota-bench-bare:"
+
+
+def _redis_client(parsed: StoreURL, *, asynchronous: bool) -> Any:
+    import redis
+    import redis.asyncio
+
+    from quota._redis import split_url
+
+    target, _prefix = split_url(parsed.url)
+    factory = redis.asyncio.Redis if asynchronous else redis.Redis
+    return factory.from_url(target)
+
+
+def _sync_bare_redis(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
+    client = _redis_client(parsed, asynchronous=False)
+    sha = client.script_load(_BARE_REDIS)
+
+    def work(i: int, go: Callable[[], bool]) -> int:
+        next_key, n = _key_stream(keys, i), 0
+        while go():
+            key = _BARE_REDIS_PREFIX + _bare_params(next_key())[0]
+            client.execute_command("EVALSHA", sha, 1, key, 1, WINDOW)
+            n += 1
+        return n
+
+    try:
+        return _threads(concurrency, duration, work)
+    finally:
+        client.close()
+
+
+async def _async_bare_redis(
+    parsed: StoreURL, concurrency: int, keys: int, duration: float
+) -> float:
+    client = _redis_client(parsed, asynchronous=True)
+    try:
+        sha = await client.script_load(_BARE_REDIS)
+        # Open the pool up front, as the quota side does.
+        await asyncio.gather(*(client.ping() for _ in range(concurrency)))
+
+        async def work(i: int, go: Callable[[], bool]) -> int:
+            next_key, n = _key_stream(keys, i), 0
+            while go():
+                key = _BARE_REDIS_PREFIX + _bare_params(next_key())[0]
+                await client.execute_command("EVALSHA", sha, 1, key, 1, WINDOW)
+                n += 1
+            return n
+
+        return await _tasks(concurrency, duration, work)
+    finally:
+        await client.aclose()
+
+
 # -- the sync face ------------------------------------------------------------
 
 
-def _sync_quota(url: str, concurrency: int, keys: int, duration: float) -> float:
+def _sync_quota(
+    url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW
+) -> float:
     with connect(url, pool_size=concurrency) as limiter:
 
         def work(i: int, go: Callable[[], bool]) -> int:
             next_key, n = _key_stream(keys, i), 0
             limiter.rate_limit(next_key(), LIMIT, WINDOW)  # connect outside the clock
+            if algorithm == FIXED_WINDOW:  # the call as the README shows it
+                while go():
+                    limiter.rate_limit(next_key(), LIMIT, WINDOW)
+                    n += 1
+                return n
             while go():
-                limiter.rate_limit(next_key(), LIMIT, WINDOW)
+                limiter.rate_limit(next_key(), LIMIT, WINDOW, algorithm=algorithm)
                 n += 1
             return n
 
         return _threads(concurrency, duration, work)
 
 
+def _memory_quota(url: str, keys: int, duration: float, algorithm: str) -> float:
+    """Decisions per second on one thread, the harness kept out of the way.
+
+    With no I/O a decision costs a few microseconds, as much as drawing a
+    random key and reading the clock: the keys are drawn up front and the
+    clock is read once per thousand calls.
+    """
+    draw = _key_stream(keys, 0)
+    sequence = [draw() for _ in range(65_536)]
+    with connect(url) as limiter:
+        rate_limit, n = limiter.rate_limit, 0
+        start = time.perf_counter()
+        deadline = start + duration
+        while time.perf_counter() < deadline:
+            batch = sequence[n % 65_536 : n % 65_536 + 1000]
+            if algorithm == FIXED_WINDOW:  # the call as the README shows it
+                for key in batch:
+                    rate_limit(key, LIMIT, WINDOW)
+            else:
+                for key in batch:
+                    rate_limit(key, LIMIT, WINDOW, algorithm=algorithm)
+            n += len(batch)
+        return n / (time.perf_counter() - start)
+
+
 def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
+    if parsed.dialect == "redis":
+        return _sync_bare_redis(parsed, concurrency, keys, duration)
     if parsed.dialect == "sqlite":
 
         def work(i: int, go: Callable[[], bool]) -> int:
@@ -186,7 +299,9 @@ def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -
 # -- the async face -----------------------------------------------------------
 
 
-async def _async_quota(url: str, concurrency: int, keys: int, duration: float) -> float:
+async def _async_quota(
+    url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW
+) -> float:
     async with connect_async(url, pool_size=concurrency) as limiter:
         # Open the pool up front: connecting is not what is measured.
         await asyncio.gather(
@@ -195,8 +310,13 @@ async def _async_quota(url: str, concurrency: int, keys: int, duration: float) -
 
         async def work(i: int, go: Callable[[], bool]) -> int:
             next_key, n = _key_stream(keys, i), 0
+            if algorithm == FIXED_WINDOW:  # the call as the README shows it
+                while go():
+                    await limiter.rate_limit(next_key(), LIMIT, WINDOW)
+                    n += 1
+                return n
             while go():
-                await limiter.rate_limit(next_key(), LIMIT, WINDOW)
+                await limiter.rate_limit(next_key(), LIMIT, WINDOW, algorithm=algorithm)
                 n += 1
             return n
 
@@ -204,6 +324,8 @@ async def _async_quota(url: str, concurrency: int, keys: int, duration: float) -
 
 
 async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
+    if parsed.dialect == "redis":
+        return await _async_bare_redis(parsed, concurrency, keys, duration)
     if parsed.dialect == "sqlite":
         import aiosqlite
 
@@ -240,13 +362,14 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
 
 def run_bench(
     url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
-    face: str = "auto", scenario: str = "rate",
+    face: str = "auto", scenario: str = "rate", algorithm: str = FIXED_WINDOW,
 ) -> BenchReport:  # fmt: skip
     """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc.
 
     `scenario` is ``rate`` (rate_limit, the default), ``quota`` (consume_quota
     with idempotency keys) or ``check`` (two rate windows and a quota); see
-    `quota._bench_quotas`.
+    `quota._bench_quotas`. `algorithm` is what the rate scenario's quota side
+    runs. On ``memory://`` only quota's side runs, on one thread.
     """
     from quota import _bench_quotas
 
@@ -259,18 +382,32 @@ def run_bench(
             raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
     if not 0 < duration <= 600:
         raise ConfigurationError(f"duration must be in (0, 600] seconds, got {duration!r}")
+    check_algorithm(algorithm)
+    if algorithm != FIXED_WINDOW and scenario != "rate":
+        raise ConfigurationError(
+            f"algorithm applies to the rate scenario only, got scenario {scenario!r}"
+        )
     parsed = parse_url(url)
+    if parsed.dialect == "memory":
+        concurrency = 1  # no driver, no I/O: one thread is the measure
     if face == "auto":
         face = "async" if parsed.dialect == "postgresql" else "sync"
     driver = parsed.driver_for(asynchronous=face == "async")
     plain = url.split("://", 1)
     base_url = f"{parsed.dialect}://{plain[1]}"
-    migrate(url)
-    report = BenchReport(url, face, driver, concurrency, keys, duration, scenario=scenario)
+    if parsed.dialect not in SCHEMALESS:
+        migrate(url)
+    report = BenchReport(
+        url, face, driver, concurrency, keys, duration, scenario=scenario, algorithm=algorithm
+    )
     for run in range(runs):
-        order = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
+        order: tuple[str, ...] = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
+        if parsed.dialect == "memory":
+            order = ("quota",)
         for side in order:
-            if scenario != "rate":
+            if parsed.dialect == "memory" and scenario == "rate":
+                rate = _memory_quota(base_url, keys, duration, algorithm)
+            elif scenario != "rate":
                 rate = _bench_quotas.measure(
                     scenario, side, face, parsed, base_url, concurrency, keys, duration
                 )
@@ -278,13 +415,13 @@ def run_bench(
                 rate = (
                     _sync_bare(parsed, concurrency, keys, duration)
                     if side == "bare"
-                    else _sync_quota(base_url, concurrency, keys, duration)
+                    else _sync_quota(base_url, concurrency, keys, duration, algorithm)
                 )
             else:
                 rate = asyncio.run(
                     _async_bare(parsed, concurrency, keys, duration)
                     if side == "bare"
-                    else _async_quota(base_url, concurrency, keys, duration)
+                    else _async_quota(base_url, concurrency, keys, duration, algorithm)
                 )
             (report.bare if side == "bare" else report.quota).append(rate)
     return report

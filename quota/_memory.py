@@ -54,7 +54,7 @@ _EXPIRES = 1  # window end, or expires_at
 _CLIENT = 2  # client_key
 _WINDOW = 3  # window_seconds
 _START = _PREV = 4  # window_start, or prev_value
-_UPDATED = _STAMP = 5  # updated_at, or stamp
+_CREATED = _STAMP = 5  # when the window's row was made (nothing reads it), or stamp
 _STATE = 6  # False for a counter, True for algorithm state
 
 _HIT = _sql.HIT
@@ -133,6 +133,8 @@ class MemoryStore:
         self.db_clock = db_clock
         self._table = table  # keeps a named table alive while this store lives
         self._rows = table.rows
+        self._get = table.rows.get  # bound once: the hot path calls them per decision
+        self._touch = table.rows.move_to_end
         self._clients = table.clients
         self._lock = table.lock
         self._max_keys = max_keys
@@ -173,11 +175,10 @@ class MemoryStore:
             lock = self._lock
             lock.acquire()
             try:
-                row = self._rows.get(hit[0])
+                row = self._get(hit[0])
                 if row is None:
                     return self._hit(hit)
-                self._rows.move_to_end(hit[0])
-                row[_UPDATED] = hit[5]
+                self._touch(hit[0])
                 count = row[_VALUE] = row[_VALUE] + hit[4]
                 return ((count,),)
             finally:
@@ -251,7 +252,6 @@ class MemoryStore:
             return ((cost,),)
         self._rows.move_to_end(bucket_key)
         row[_VALUE] += cost
-        row[_UPDATED] = now
         return ((row[_VALUE],),)
 
     def _hit_capped(self, params: Sequence[Any]) -> Rows:

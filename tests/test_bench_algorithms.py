@@ -1,0 +1,94 @@
+"""``quota bench --algorithm``: every algorithm beside the bare fixed-window baseline.
+
+Tiny runs (a fifth of a second): these check that each side runs what it says,
+not how fast; the figures are in the README.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner, Result
+from quota._cli import main
+
+import quota
+from quota import _sql
+from quota._algorithms import state_key
+from quota._bench import WINDOW
+
+ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "gcra")
+
+
+def bench(url: str, *args: str) -> Result:
+    return CliRunner().invoke(
+        main,
+        ["--url", url, "bench", "-c", "2", "-k", "3", "-d", "0.2", "-r", "2", "--json", *args],
+        env={"QUOTA_DATABASE_URL": None},
+    )
+
+
+def _hammered(url: str, algorithm: str) -> int:
+    """How many bench keys hold state of `algorithm` (the quota side's work).
+
+    The state itself says little: 2**60 tokens less a few is 2**60 in a double.
+    """
+    with quota.connect(url) as limiter:
+        return sum(
+            bool(
+                limiter.store.execute(
+                    _sql.STATE_PEEK, (state_key(algorithm, WINDOW, f"k:bench:{i}"),)
+                )
+            )
+            for i in range(3)
+        )
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    ["sqlite", pytest.param("redis", marks=pytest.mark.redis)],
+)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_bench_runs_the_algorithm_beside_the_bare_fixed_window(
+    request: pytest.FixtureRequest, dialect: str, algorithm: str
+) -> None:
+    url = str(request.getfixturevalue(f"{dialect}_url"))
+
+    result = bench(url, "--algorithm", algorithm)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert (report["algorithm"], report["scenario"]) == (algorithm, "rate")
+    assert report["bare_median_per_s"] > 0 and report["quota_median_per_s"] > 0
+    assert report["ratio_median"] > 0
+    for other in ALGORITHMS[1:]:
+        assert _hammered(url, other) == (3 if other == algorithm else 0), other
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_bench_on_memory_reports_one_thread_without_a_baseline(algorithm: str) -> None:
+    result = bench("memory://", "--algorithm", algorithm)
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert (report["concurrency"], report["bare_per_s"], report["ratio_median"]) == (1, [], None)
+    assert report["quota_median_per_s"] > 1000
+
+
+def test_bench_table_on_memory_says_there_is_no_baseline() -> None:
+    result = CliRunner().invoke(main, ["--url", "memory://", "bench", "-d", "0.1", "-r", "1"])
+    assert result.exit_code == 0, result.output
+    assert "no bare driver to compare with: decisions per second on one thread" in result.output
+    assert "bare" not in result.output.split("\n")[2]
+
+
+def test_bench_rejects_an_unknown_algorithm_and_one_outside_the_rate_scenario(
+    sqlite_url: str,
+) -> None:
+    assert bench(sqlite_url, "--algorithm", "leaky").exit_code == 2
+    from quota._bench import run_bench
+
+    with pytest.raises(quota.ConfigurationError, match="algorithm must be one of"):
+        run_bench(sqlite_url, algorithm="leaky")
+    with pytest.raises(quota.ConfigurationError, match="rate scenario only"):
+        run_bench(sqlite_url, algorithm="gcra", scenario="quota")
