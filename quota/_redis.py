@@ -59,8 +59,11 @@ local function clock(arg)
   end
   return tonumber(arg)
 end
--- Keep `key` until `expires` (+ grace), and list it in the caller's index.
-local function keep(key, index, member, expires, now, grace, created)
+-- Keep `key` until `expires` (+ GRACE), and list it in the caller's index under its
+-- name past the caller's prefix (`fw:60:1750003200`, `sw:60`).
+local function keep(key, index, expires, now, created)
+  local member = string.match(key, '}:(%a+:[%d:]+)$')
+  local grace = __GRACE__
   local ttl = math.ceil((expires - now + grace) * 1000)
   if ttl < 1 then ttl = 1 end
   redis.call('PEXPIRE', key, ttl)
@@ -72,10 +75,10 @@ end
 
 _FIXED_WINDOW = """
 -- KEYS: the counter's key without its window start, the index.
--- ARGV: now|'db', window, cost, limit|'' (capped), grace, window start, index member prefix
+-- ARGV: now|'db', window, cost, limit|'' (capped), window start
 local now = clock(ARGV[1])
-local window, cost, grace = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
-local start = tonumber(ARGV[6])
+local window, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
+local start = tonumber(ARGV[5])
 if ARGV[1] == 'db' then
   local second = math.floor(now)
   start = second - second % window
@@ -87,16 +90,16 @@ if ARGV[4] ~= '' then
   if current and tonumber(current) + cost > tonumber(ARGV[4]) then return false end
 end
 local count = redis.call('INCRBY', key, cost)
-if count == cost then keep(key, KEYS[2], ARGV[7] .. suffix, start + window, now, grace, true) end
+if count == cost then keep(key, KEYS[2], start + window, now, true) end
 return {count, suffix, fmt(now)}
 """
 
 # quota._algorithms.sliding_step
 _SLIDING_WINDOW = """
--- KEYS: the state, the index. ARGV: now|'db', window, limit, cost, grace, member, ws, weight
+-- KEYS: the state, the index. ARGV: now|'db', window, limit, cost, ws, weight
 local now = clock(ARGV[1])
 local window, limit, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ws, weight = tonumber(ARGV[7]), tonumber(ARGV[8])
+local ws, weight = tonumber(ARGV[5]), tonumber(ARGV[6])
 if ARGV[1] == 'db' then
   local second = math.floor(now)
   ws = second - second % window
@@ -118,13 +121,13 @@ if row[1] then
   prev, stamp = previous, math.max(s, ws)
 end
 redis.call('HSET', KEYS[1], 'v', fmt(value), 'p', fmt(prev), 's', fmt(stamp))
-keep(KEYS[1], KEYS[2], ARGV[6], stamp + 2 * window, now, tonumber(ARGV[5]), not row[1])
+keep(KEYS[1], KEYS[2], stamp + 2 * window, now, not row[1])
 return {fmt(value), fmt(prev), fmt(stamp), allowed and 1 or 0, fmt(now)}
 """
 
 # quota._algorithms.bucket_step
 _TOKEN_BUCKET = """
--- KEYS: the state, the index. ARGV: now|'db', capacity, rate, cost, grace, member
+-- KEYS: the state, the index. ARGV: now|'db', capacity, rate, cost
 local now = clock(ARGV[1])
 local capacity, rate, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local row = redis.call('HMGET', KEYS[1], 'v', 's')
@@ -139,13 +142,13 @@ if row[1] then
   expires = stamp + (capacity - refill + cost) / rate
 end
 redis.call('HSET', KEYS[1], 'v', fmt(tokens), 's', fmt(stamp))
-keep(KEYS[1], KEYS[2], ARGV[6], expires, now, tonumber(ARGV[5]), not row[1])
+keep(KEYS[1], KEYS[2], expires, now, not row[1])
 return {fmt(tokens), allowed and 1 or 0, fmt(now)}
 """
 
 # quota._algorithms.gcra_step
 _GCRA = """
--- KEYS: the state, the index. ARGV: now|'db', increment, tolerance, grace, member
+-- KEYS: the state, the index. ARGV: now|'db', increment, tolerance
 local now = clock(ARGV[1])
 local increment, tolerance = tonumber(ARGV[2]), tonumber(ARGV[3])
 local stored = redis.call('HGET', KEYS[1], 'v')
@@ -157,7 +160,7 @@ if stored then
   if allowed then tat = arrival end
 end
 redis.call('HSET', KEYS[1], 'v', fmt(tat))
-keep(KEYS[1], KEYS[2], ARGV[5], tat, now, tonumber(ARGV[4]), not stored)
+keep(KEYS[1], KEYS[2], tat, now, not stored)
 return {fmt(tat), allowed and 1 or 0, fmt(now)}
 """
 
@@ -175,7 +178,7 @@ return deleted
 """
 
 SCRIPTS = {
-    name: _COMMON + body
+    name: _COMMON.replace("__GRACE__", str(GRACE)) + body
     for name, body in (
         ("fixed_window", _FIXED_WINDOW),
         ("sliding_window", _SLIDING_WINDOW),
@@ -260,10 +263,9 @@ class RedisPlan:
         _bucket_key, client_key, start, window, cost, now = params[:6]
         limit = params[6] if sql is _sql.HIT_CAPPED or sql == _sql.HIT_CAPPED else ""
         base = self.base(client_key)
-        member = f"fw:{window}:"
         reply = yield (
-            _EVAL, "fixed_window", (base + member, base + "idx"),
-            (now, window, cost, limit, GRACE, start, member),
+            _EVAL, "fixed_window", (f"{base}fw:{window}:", base + "idx"),
+            (now, window, cost, limit, start),
         )  # fmt: skip
         return () if reply is None else ((int(reply[0]),),)
 
@@ -273,11 +275,9 @@ class RedisPlan:
         second = int(now)
         start = second - second % window
         base = self.base(client_key)
-        member = f"fw:{window}:"
         reply = yield (
-            _EVAL, "fixed_window", (base + member, base + "idx"),
-            (self._now(params), window, params["cost"], params["limit"] if capped else "",
-             GRACE, start, member),
+            _EVAL, "fixed_window", (f"{base}fw:{window}:", base + "idx"),
+            (self._now(params), window, params["cost"], params["limit"] if capped else "", start),
         )  # fmt: skip
         if reply is None:
             return ()
@@ -290,36 +290,32 @@ class RedisPlan:
 
     # -- the other algorithms -------------------------------------------------------------
 
-    def _state_keys(self, params: Mapping[str, Any]) -> tuple[str, str, str]:
+    def _state_keys(self, params: Mapping[str, Any]) -> tuple[str, str]:
         algorithm, window, client_key = str(params["bucket_key"]).split(":", 2)
         base = self.base(client_key)
-        member = f"{algorithm}:{window}"
-        return base + member, base + "idx", member
+        return f"{base}{algorithm}:{window}", base + "idx"
 
     def _sliding(self, sql: Named, params: Mapping[str, Any]) -> Generator[Command, Any, Rows]:
-        key, index, member = self._state_keys(params)
         reply = yield (
-            _EVAL, "sliding_window", (key, index),
-            (self._now(params), params["window"], params["limit"], params["cost"], GRACE, member,
-             params["ws"], params["weight"]),
+            _EVAL, "sliding_window", self._state_keys(params),
+            (self._now(params), params["window"], params["limit"], params["cost"], params["ws"],
+             params["weight"]),
         )  # fmt: skip
         value, prev, stamp, allowed, now = reply
         return ((_number(value), _number(prev), _number(stamp), int(allowed), _number(now)),)
 
     def _bucket(self, sql: Named, params: Mapping[str, Any]) -> Generator[Command, Any, Rows]:
-        key, index, member = self._state_keys(params)
         reply = yield (
-            _EVAL, "token_bucket", (key, index),
-            (self._now(params), params["capacity"], params["rate"], params["cost"], GRACE, member),
+            _EVAL, "token_bucket", self._state_keys(params),
+            (self._now(params), params["capacity"], params["rate"], params["cost"]),
         )  # fmt: skip
         tokens, allowed, now = reply
         return ((_number(tokens), int(allowed), _number(now)),)
 
     def _gcra(self, sql: Named, params: Mapping[str, Any]) -> Generator[Command, Any, Rows]:
-        key, index, member = self._state_keys(params)
         reply = yield (
-            _EVAL, "gcra", (key, index),
-            (self._now(params), params["increment"], params["tolerance"], GRACE, member),
+            _EVAL, "gcra", self._state_keys(params),
+            (self._now(params), params["increment"], params["tolerance"]),
         )  # fmt: skip
         tat, allowed, now = reply
         return ((_number(tat), int(allowed), _number(now)),)

@@ -84,4 +84,5 @@ def test_every_algorithm_takes_its_time_from_the_store(backend: Backend, algorit
     now = time.time()
     for decision in decisions:
         assert now - 1 <= decision.reset_at <= now + 3600 + 1
-        assert decision.retry_after <= 3600 + 1
+        # (a sliding window may wait into the next window for this one to fade)
+        assert decision.retry_after <= 2 * 3600 + 1
