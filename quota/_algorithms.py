@@ -190,10 +190,18 @@ def gcra_step(
     return (arrival if allowed else tat), allowed
 
 
+#: Slack per hit of a burst, in seconds. GCRA keeps an absolute arrival time
+#: in a double; each allowed hit adds the interval with a rounding of up to
+#: half an ulp (about 1.2e-7 s at today's epoch), so a burst of n hits at one
+#: instant can land n half-ulps past n intervals and lose its last hit. A
+#: microsecond a hit absorbs that, and lets nothing measurable through early.
+GCRA_SLACK = 1e-6
+
+
 def gcra_params(rate: Rate, cost: int) -> tuple[float, float]:
-    """GCRA's (increment, tolerance): cost * emission interval, and burst * interval."""
+    """GCRA's (increment, tolerance): cost * emission interval, and burst * interval (plus slack)."""
     interval = rate.window / rate.limit
-    return cost * interval, rate.capacity * interval
+    return cost * interval, rate.capacity * interval + (rate.capacity + 1) * GCRA_SLACK
 
 
 def expires_at(algorithm: str, rate: Rate, state: tuple[float, ...]) -> float:

@@ -400,14 +400,6 @@ def test_a_lagging_clock_never_rolls_state_back(every_backend: Backend) -> None:
     assert (refilled.allowed, refilled.remaining) == (True, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: GCRA keeps the theoretical arrival time as absolute epoch seconds in a"
-    " double; each allowed hit adds the emission interval with a rounding of up to half an"
-    " ulp (~1.2e-7 s at 1.75e9), and the comparison with the tolerance has no slack, so a"
-    " burst at one instant allows limit - 1 for 22 of the limits 1..60 per minute (9, 11,"
-    " 14, ...). Same arithmetic on every store (see test_algorithms_equivalence).",
-)
 def test_gcra_allows_its_whole_burst_for_every_limit() -> None:
     short = []
     for limit in range(1, 61):
