@@ -94,6 +94,9 @@ class _NoStore:
     async def execute(self, *_args: Any) -> list[Any]:
         return []
 
+    async def run(self, *_args: Any, **_kwargs: Any) -> list[Any]:
+        return []  # no policy overrides
+
 
 def _no_database() -> QuotaMiddleware:
     config = HttpConfig.from_env(default=RoutePolicy(name="bench", rates="1000000000/hour"))

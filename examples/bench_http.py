@@ -240,11 +240,17 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             side: round(statistics.median(values), 1) for side, values in cpu.items()
         },
     }
+    if args.no_database:
+        face_label = "a stand-in limiter, no database"
+    elif args.face == "default":
+        face_label = "the middleware's own limiter: async, group commit"
+    else:
+        face_label = f"{args.face} limiter, batching={args.batching}"
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(
-            f"{'no database' if args.no_database else report['url']} ({args.face} limiter, batching={args.batching}, {loadgen},"
+            f"{'no database' if args.no_database else report['url']} ({face_label}, {loadgen},"
             f" {args.connections} connections, {args.keys} keys, {args.runs} runs of {args.duration:g}s)\n"
             f"  bare     median {report['bare_median_per_s']:>7}/s   runs {report['bare_per_s']}\n"
             f"  limited  median {report['limited_median_per_s']:>7}/s   runs {report['limited_per_s']}\n"

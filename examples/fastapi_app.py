@@ -56,21 +56,26 @@ def mcp_errors(denial: Denial) -> HttpResponse | None:
     return HttpResponse(status, (("Content-Type", "application/json"), *denial.headers), body)
 
 
+#: One limiter for the middleware and the dependency; group commit shares statements.
+limiter = quota.connect_async(default_url(), batching=True)
+
+
 @asynccontextmanager
 async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
     # An example's convenience: a real deployment runs `quota migrate` in its deploy step.
     # (In a thread: migrating a PostgreSQL URL runs an event loop of its own.)
     await asyncio.to_thread(quota.migrate, default_url())
     yield
+    await limiter.aclose()
 
 
 config = HttpConfig.from_env(policies=POLICIES, exclude=["/health"])
 app = FastAPI(title="quota example", lifespan=lifespan)
-app.add_middleware(QuotaMiddleware, config=config, response_factory=mcp_errors)
+app.add_middleware(QuotaMiddleware, limiter=limiter, config=config, response_factory=mcp_errors)
 install(app)
 
 #: One route limited by a dependency instead (on top of the middleware's class).
-export_limit = RateLimit("2/minute", name="export", config=config)
+export_limit = RateLimit("2/minute", name="export", config=config, limiter=limiter)
 
 
 @app.get("/health")

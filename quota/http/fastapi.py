@@ -110,6 +110,13 @@ class RateLimit:
         )  # fmt: skip
         self.metrics = self.guard.metrics
 
+    async def aclose(self) -> None:
+        """Close the limiter this dependency opened itself on this loop (never one it was given).
+
+        Call it from the app's lifespan shutdown when no `limiter` was passed.
+        """
+        await self.limiters.aclose()
+
     async def __call__(self, request: Request, response: Response) -> None:
         verdict = await decide(self.guard, self.limiters, asgi_request(request.scope))
         if verdict.response is not None:
