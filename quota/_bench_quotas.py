@@ -139,24 +139,26 @@ def sync_bare(
 
         def work(i: int, go: Callable[[], bool]) -> int:
             conn = sqlite3.connect(parsed.target, isolation_level=None, check_same_thread=False)
-            for pragma in pragmas(10.0):
-                conn.execute(pragma)
-            calls, n = _Calls(scenario, keys, i), 0
+            try:
+                for pragma in pragmas(10.0):
+                    conn.execute(pragma)
+                calls, n = _Calls(scenario, keys, i), 0
 
-            def run(statement: Statement) -> Any:
-                return conn.execute(*statement).fetchall()
+                def run(statement: Statement) -> Any:
+                    return conn.execute(*statement).fetchall()
 
-            while go():
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    calls.bare(run)
-                except BaseException:
-                    conn.rollback()
-                    raise
-                conn.execute("COMMIT")
-                n += 1
-            conn.close()
-            return n
+                while go():
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        calls.bare(run)
+                    except BaseException:
+                        conn.rollback()
+                        raise
+                    conn.execute("COMMIT")
+                    n += 1
+                return n
+            finally:
+                conn.close()
 
         return _threads(concurrency, duration, work)
     import psycopg
