@@ -758,7 +758,9 @@ def connect(
     """A synchronous `Limiter` for the database at `url`.
 
     ``sqlite:///path.db`` (sqlite3) or ``postgresql://…`` (psycopg 3, from the
-    ``postgres`` extra). Connections open on first use. Raises
+    ``postgres`` extra); ``memory://`` (in this process) or ``redis://…`` (the
+    ``redis`` extra) for every algorithm but no durable quotas. Connections open
+    on first use. Raises
     `ConfigurationError` for an unknown scheme (listing the known ones) or an
     async driver (``+aiosqlite``, ``+asyncpg``: use `connect_async`).
 
@@ -809,7 +811,8 @@ def connect_async(
 
     ``sqlite:///path.db`` or ``sqlite+aiosqlite:///…`` (aiosqlite),
     ``postgresql://…`` or ``postgresql+asyncpg://…`` (asyncpg pool of at most
-    `pool_size` connections). Connections open on first use. `batching`,
+    `pool_size` connections); ``memory://`` or ``redis://…`` (redis.asyncio).
+    Connections open on first use. `batching`,
     `max_batch` and `durability` as for `connect`; batching gathers the hits of
     concurrent tasks.
     """
