@@ -653,6 +653,14 @@ def _fallback(fallback: object) -> Fallback | None:
     raise ConfigurationError(f"fallback must be a bool or a quota.Fallback, got {fallback!r}")
 
 
+def _schemaless_options(parsed: StoreURL, options: Options) -> None:
+    if options.batching:
+        raise ConfigurationError(
+            f"batching=True groups SQL statements into one; a {parsed.dialect}:// store"
+            " decides each call in one step already: leave batching off"
+        )
+
+
 def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
     """The sync store for `parsed`, wrapped in the memory fallback when one is configured."""
     parsed.driver_for(asynchronous=False)
@@ -668,11 +676,13 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
             parsed.target, parsed.url, busy_timeout=timeout, db_clock=options.database_clock
         )
     elif parsed.dialect == "memory":
+        _schemaless_options(parsed, options)
         from quota._memory import MemoryStore, parse_target
 
         name, max_keys = parse_target(parsed.target)
         store = MemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
     elif parsed.dialect == "redis":
+        _schemaless_options(parsed, options)
         from quota._redis import RedisStore
 
         store = RedisStore(parsed.url, timeout=timeout, db_clock=options.database_clock)
@@ -708,11 +718,13 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
             db_clock=options.database_clock,
         )  # fmt: skip
     elif parsed.dialect == "memory":
+        _schemaless_options(parsed, options)
         from quota._memory import AsyncMemoryStore, parse_target
 
         name, max_keys = parse_target(parsed.target)
         store = AsyncMemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
     elif parsed.dialect == "redis":
+        _schemaless_options(parsed, options)
         from quota._redis import AsyncRedisStore
 
         store = AsyncRedisStore(

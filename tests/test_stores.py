@@ -275,3 +275,11 @@ def test_an_unreachable_redis_falls_back_to_memory() -> None:
 def test_a_bad_redis_prefix_is_a_configuration_error(prefix: str) -> None:
     with pytest.raises(quota.ConfigurationError, match="prefix"):
         quota.connect(f"redis://127.0.0.1:6379/0?prefix={prefix}")
+
+
+@pytest.mark.parametrize("connect", [quota.connect, quota.connect_async])
+def test_batching_is_refused_where_there_is_nothing_to_batch(
+    schemaless_url: str, connect: object
+) -> None:
+    with pytest.raises(quota.ConfigurationError, match="batching=True groups SQL statements"):
+        connect(schemaless_url, batching=True)  # type: ignore[operator]
