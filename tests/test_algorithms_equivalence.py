@@ -11,6 +11,7 @@ database, Redis in Lua, so this is what holds them to one semantics.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import astuple, dataclass
@@ -112,12 +113,16 @@ def traces(draw: st.DrawFn) -> list[Call]:
 
 @pytest.fixture
 def stores(
-    request: pytest.FixtureRequest, sqlite_url: str, redis_url: str
+    request: pytest.FixtureRequest, sqlite_url: str, pg_clean_url: str
 ) -> Iterator[tuple[Clock, dict[str, dict[bool, quota.Limiter]]]]:
-    """One clock; per store a limiter counting denied hits and one that does not."""
-    urls = {"memory": "memory://equivalence", "sqlite": sqlite_url, "redis": redis_url}
-    if request.node.get_closest_marker("postgres") is not None:
-        urls["postgresql"] = request.getfixturevalue("pg_clean_url")
+    """One clock; per store a limiter counting denied hits and one that does not.
+
+    Without a Redis server the other three are still compared (test_stores says
+    why Redis is skipped).
+    """
+    urls = {"memory": "memory://equivalence", "sqlite": sqlite_url, "postgresql": pg_clean_url}
+    with contextlib.suppress(pytest.skip.Exception):
+        urls["redis"] = str(request.getfixturevalue("redis_url"))
     clock = Clock()
     limiters = {
         name: {denied: quota.connect(url, clock=clock, count_denied=denied) for denied in (True, False)}
@@ -164,7 +169,6 @@ _TRACES = {
 
 
 @pytest.mark.postgres
-@pytest.mark.redis
 @_SETTINGS
 @given(**_TRACES)
 def test_every_store_decides_every_trace_alike(
@@ -172,5 +176,5 @@ def test_every_store_decides_every_trace_alike(
     start: float,
     trace: list[Call],
 ) -> None:
-    assert set(stores[1]) == {"memory", "sqlite", "postgresql", "redis"}
+    assert set(stores[1]) >= {"memory", "sqlite", "postgresql"}
     _replay(stores, start, trace)
