@@ -176,6 +176,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
 
 
 @main.command()
+@url_option
 @click.argument("key")
 @_limit_option
 @_window_option
@@ -195,6 +196,7 @@ def hit(ctx: click.Context, key: str, limit: int, window: int, cost: int, as_jso
 
 
 @main.command()
+@url_option
 @click.argument("key")
 @_limit_option
 @_window_option
@@ -208,6 +210,7 @@ def peek(ctx: click.Context, key: str, limit: int, window: int, as_json: bool) -
 
 
 @main.command()
+@url_option
 @click.argument("key")
 @click.option("--window", "-w", callback=_duration("window"), help="Only windows of this length.")
 @click.pass_context
@@ -219,6 +222,7 @@ def reset(ctx: click.Context, key: str, window: int | None) -> None:
 
 
 @main.command()
+@url_option
 @click.option("-n", "count", type=int, default=10, show_default=True, help="How many keys.")
 @_json_option
 @click.pass_context
@@ -235,6 +239,7 @@ def top(ctx: click.Context, count: int, as_json: bool) -> None:
 
 
 @main.command()
+@url_option
 @click.option(
     "--grace", default="60s", show_default=True, callback=_duration("grace"),
     help="Keep windows that ended less than this long ago.",
@@ -317,6 +322,7 @@ def _every(period: int, job: Callable[[], None]) -> None:
 
 
 @main.command()
+@url_option
 @click.option(
     "--clients", type=int, default=6, show_default=True, help="Number of simulated clients."
 )
@@ -334,6 +340,7 @@ def demo(ctx: click.Context, clients: int) -> None:
 
 
 @main.command()
+@url_option
 @click.option(
     "--concurrency", "-c", type=int, default=8, show_default=True, help="Concurrent callers."
 )
@@ -369,6 +376,11 @@ def demo(ctx: click.Context, clients: int) -> None:
     "--cleanup-rows", type=int, default=1_000_000, show_default=True,
     help="With --report: expired rows the cleanup scenario removes.",
 )  # fmt: skip
+@click.option(
+    "--fallback", is_flag=True,
+    help="Compare quota with fallback=True against quota without: the resilience layer's"
+    " cost on a healthy store (rate scenario).",
+)  # fmt: skip
 @_json_option
 @click.pass_context
 def bench(
@@ -382,6 +394,7 @@ def bench(
     algorithm: str,
     report_dir: Path | None,
     cleanup_rows: int,
+    fallback: bool,
     as_json: bool,
 ) -> None:
     """Decisions per second of quota beside the bare driver running the same statements.
@@ -407,6 +420,6 @@ def bench(
     with _errors():
         report = run_bench(
             _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face,
-            scenario=scenario, algorithm=algorithm,
+            scenario=scenario, algorithm=algorithm, fallback=fallback,
         )  # fmt: skip
     _emit(report.as_dict(), as_json, report.table())

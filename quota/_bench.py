@@ -57,6 +57,8 @@ class BenchReport:
     """``rate`` (rate_limit), ``quota`` (consume_quota) or ``check``; see `quota._bench_quotas`."""
     algorithm: str = FIXED_WINDOW
     """What the quota side of the rate scenario runs; the bare side is the fixed window."""
+    fallback: bool = False
+    """The baseline is quota itself without a fallback, the other side quota with one."""
 
     @property
     def ratios(self) -> list[float]:
@@ -67,6 +69,7 @@ class BenchReport:
         return {
             "scenario": self.scenario,
             "algorithm": self.algorithm,
+            "fallback": self.fallback,
             "url": self.url,
             "face": self.face,
             "driver": self.driver,
@@ -89,17 +92,23 @@ class BenchReport:
             f" {self.keys} keys, {len(self.quota)} runs of {self.duration:g}s",
             f"  {'':<22} {'median/s':>10}   runs",
         ]
+        base, side = (
+            ("quota, no fallback", "quota, fallback=True")
+            if self.fallback
+            else ("bare " + self.driver, "quota")
+        )
         if self.bare:
             lines.append(
-                f"  {'bare ' + self.driver:<22} {d['bare_median_per_s']:>10}   "
+                f"  {base:<22} {d['bare_median_per_s']:>10}   "
                 + " ".join(str(x) for x in d["bare_per_s"])
             )
         lines.append(
-            f"  {'quota':<22} {d['quota_median_per_s']:>10}   "
+            f"  {side:<22} {d['quota_median_per_s']:>10}   "
             + " ".join(str(x) for x in d["quota_per_s"])
         )
         if self.bare:
-            lines.append(f"  ratio quota/bare (median of per-run ratios): {d['ratio_median']:.3f}")
+            what = "fallback on/off" if self.fallback else "quota/bare"
+            lines.append(f"  ratio {what} (median of per-run ratios): {d['ratio_median']:.3f}")
         else:
             lines.append("  no bare driver to compare with: decisions per second on one thread")
         return "\n".join(lines)
@@ -221,9 +230,10 @@ async def _async_bare_redis(
 
 
 def _sync_quota(
-    url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW
-) -> float:
-    with connect(url, pool_size=concurrency) as limiter:
+    url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
+    fallback: bool = False,
+) -> float:  # fmt: skip
+    with connect(url, pool_size=concurrency, fallback=fallback) as limiter:
 
         def work(i: int, go: Callable[[], bool]) -> int:
             next_key, n = _key_stream(keys, i), 0
@@ -300,9 +310,10 @@ def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -
 
 
 async def _async_quota(
-    url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW
-) -> float:
-    async with connect_async(url, pool_size=concurrency) as limiter:
+    url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
+    fallback: bool = False,
+) -> float:  # fmt: skip
+    async with connect_async(url, pool_size=concurrency, fallback=fallback) as limiter:
         # Open the pool up front: connecting is not what is measured.
         await asyncio.gather(
             *(limiter.rate_limit("bench:warm", LIMIT, WINDOW) for _ in range(concurrency))
@@ -363,13 +374,16 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
 def run_bench(
     url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
     face: str = "auto", scenario: str = "rate", algorithm: str = FIXED_WINDOW,
+    fallback: bool = False,
 ) -> BenchReport:  # fmt: skip
     """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc.
 
     `scenario` is ``rate`` (rate_limit, the default), ``quota`` (consume_quota
     with idempotency keys) or ``check`` (two rate windows and a quota); see
     `quota._bench_quotas`. `algorithm` is what the rate scenario's quota side
-    runs. On ``memory://`` only quota's side runs, on one thread.
+    runs. On ``memory://`` only quota's side runs, on one thread. With
+    `fallback`, the baseline is quota without a fallback and the other side
+    quota with ``fallback=True``: what the resilience layer costs a healthy store.
     """
     from quota import _bench_quotas
 
@@ -397,9 +411,12 @@ def run_bench(
     base_url = f"{parsed.dialect}://{plain[1]}"
     if parsed.dialect not in SCHEMALESS:
         migrate(url)
+    if fallback and (scenario != "rate" or parsed.dialect not in ("sqlite", "postgresql")):
+        raise ConfigurationError("fallback compares the rate scenario on SQLite or PostgreSQL")
     report = BenchReport(
-        url, face, driver, concurrency, keys, duration, scenario=scenario, algorithm=algorithm
-    )
+        url, face, driver, concurrency, keys, duration, scenario=scenario, algorithm=algorithm,
+        fallback=fallback,
+    )  # fmt: skip
     for run in range(runs):
         order: tuple[str, ...] = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
         if parsed.dialect == "memory":
@@ -410,6 +427,15 @@ def run_bench(
             elif scenario != "rate":
                 rate = _bench_quotas.measure(
                     scenario, side, face, parsed, base_url, concurrency, keys, duration
+                )
+            elif fallback:
+                on = side == "quota"
+                rate = (
+                    _sync_quota(base_url, concurrency, keys, duration, algorithm, fallback=on)
+                    if face == "sync"
+                    else asyncio.run(
+                        _async_quota(base_url, concurrency, keys, duration, algorithm, fallback=on)
+                    )
                 )
             elif face == "sync":
                 rate = (

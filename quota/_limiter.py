@@ -673,8 +673,9 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
         from quota._sqlite import SQLiteStore
 
         store = SQLiteStore(
-            parsed.target, parsed.url, busy_timeout=timeout, db_clock=options.database_clock
-        )
+            parsed.target, parsed.url, busy_timeout=timeout, db_clock=options.database_clock,
+            serialize=fallback is not None,
+        )  # fmt: skip
     elif parsed.dialect == "memory":
         _schemaless_options(parsed, options)
         from quota._memory import MemoryStore, parse_target

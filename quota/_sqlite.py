@@ -67,8 +67,9 @@ class SQLiteStore:
     dialect = "sqlite"
 
     def __init__(
-        self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False
-    ) -> None:
+        self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False,
+        serialize: bool = False,
+    ) -> None:  # fmt: skip
         _check_sqlite_version()
         self.url = url
         self.db_clock = db_clock
@@ -77,6 +78,14 @@ class SQLiteStore:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
+        if serialize:
+            # Under a short busy timeout (a fallback's budget), threads of one
+            # process queue on this lock (fair, no sleeping) instead of on
+            # SQLite's busy handler, whose backoff sleeps can starve a thread
+            # past the budget and fake an outage. Processes still share the
+            # file through SQLite's own locking, within the budget.
+            self._writer = threading.Lock()
+            self.execute = self._execute_one_at_a_time  # type: ignore[method-assign]
         self._schema_checked = False
 
     def _open(self) -> sqlite3.Connection:
@@ -112,6 +121,12 @@ class SQLiteStore:
             return conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise wrap_error(exc, self.url) from exc
+
+    def _execute_one_at_a_time(
+        self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]
+    ) -> Rows:
+        with self._writer:
+            return SQLiteStore.execute(self, sql, params)
 
     def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
         conn = self._conn()
