@@ -303,13 +303,32 @@ def statement(
     if algorithm == SLIDING_WINDOW:
         ws = window_start(now, rate.window)
         params.update(ws=ws, weight=sliding_weight(now, ws, rate.window), limit=float(rate.limit))
-        return _sql.SLIDING_WINDOW, params
-    if algorithm == TOKEN_BUCKET:
+        named, horizon = _sql.SLIDING_WINDOW, 2.0 * rate.window
+    elif algorithm == TOKEN_BUCKET:
         params.update(capacity=float(rate.capacity), rate=rate.rate)
-        return _sql.TOKEN_BUCKET, params
-    increment, tolerance = gcra_params(rate, cost)
-    params.update(increment=increment, tolerance=tolerance)
-    return _sql.GCRA, params
+        named, horizon = _sql.TOKEN_BUCKET, rate.capacity / rate.rate
+    else:
+        increment, tolerance = gcra_params(rate, cost)
+        params.update(increment=increment, tolerance=tolerance)
+        named, horizon = _sql.GCRA, tolerance
+    params.update(horizon=horizon, expires=expiry(now, horizon))
+    return named, params
+
+
+#: State rows expire on the hour (see `expiry`).
+EXPIRY_GRANULARITY = 3600
+
+
+def expiry(now: float, horizon: float) -> float:
+    """When a state row touched at `now` is surely the same as no row: rounded up to the hour.
+
+    `horizon` bounds how long any algorithm's state matters after a hit: two
+    windows for the sliding window, a full refill for the token bucket, the
+    tolerance for GCRA. Rounding up keeps the stored value (and its index
+    entry) unchanged for an hour of updates.
+    """
+    end = int(now + horizon)
+    return float((end // EXPIRY_GRANULARITY + 1) * EXPIRY_GRANULARITY)
 
 
 def plan(

@@ -8,6 +8,7 @@ than the hot path are generators in `quota._ops`, driven by the store.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -149,6 +150,12 @@ def _observe(limiter: Limiter | AsyncLimiter, decision: Decision, source: str = 
         limiter._abuse.record_denial(decision.key)
 
 
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: True must not pass as 1
+def _rate(limit: int, window: int, algorithm: str, burst: int | None) -> Rate:
+    """The validated `Rate` of a call's arguments, built once per distinct set."""
+    return Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+
+
 def _check_cost(cost: object, limit: object) -> int:
     return check_int("cost", cost, maximum=limit if type(limit) is int and limit > 0 else MAX_LIMIT)
 
@@ -191,8 +198,7 @@ class Limiter:
         decides while it is down, and a `fail_closed` call is denied instead.
         """
         if algorithm != FIXED_WINDOW or not self._fast or fail_closed:
-            rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
-            return self._decide(key, rate, cost, fail_closed)
+            return self._decide(key, _rate(limit, window, algorithm, burst), cost, fail_closed)
         now = self._clock()
         params = hit_params(
             key,
@@ -446,8 +452,9 @@ class AsyncLimiter:
     ) -> Decision:  # fmt: skip
         """Count one hit on `key` and decide; see `Limiter.rate_limit`."""
         if algorithm != FIXED_WINDOW or not self._fast or fail_closed:
-            rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
-            return await self._decide(key, rate, cost, fail_closed)
+            return await self._decide(
+                key, _rate(limit, window, algorithm, burst), cost, fail_closed
+            )
         now = self._clock()
         params = hit_params(
             key,

@@ -132,6 +132,7 @@ _DERIVED = (
     ("weight", "((:window - (:now - :ws)) / CAST(:window AS DOUBLE PRECISION))"),
     ("ws", "CAST({s} - {s} % :window AS DOUBLE PRECISION)"),
     ("wsint", "({s} - {s} % :window)"),
+    ("expires", "(:now + :horizon)"),
 )
 
 
@@ -161,13 +162,14 @@ def compile_named(
 
     def placeholder(match: re.Match[str]) -> str:
         name = match.group(1)
-        if style == "numeric_dollar":
+        if style in ("numeric_dollar", "qmark"):
+            # One parameter per name: $n for asyncpg, ?n for SQLite.
             if name not in names:
                 names.append(name)
-            marker = f"${names.index(name) + 1}"
+            marker = f"{'$' if style == 'numeric_dollar' else '?'}{names.index(name) + 1}"
         else:
             names.append(name)
-            marker = "?" if style == "qmark" else "%s"
+            marker = "%s"
         if dialect == "postgresql":
             # PostgreSQL infers a parameter's type from its first use, which
             # fails for `:a - :b`; state every type instead.
@@ -190,6 +192,12 @@ _STATE_COLUMNS = (
     " (bucket_key, client_key, window_seconds, value, prev_value, stamp, allowed, expires_at)"
 )
 
+# When a state row has become the same as no row, rounded up to the hour
+# (`quota._algorithms.expiry`): within the hour the indexed value does not
+# change, so PostgreSQL updates the row in place (HOT) without touching the
+# index that cleanup reads. Never lowered, whatever a lagging clock says.
+_EXPIRES = "GREATEST(quota_state.expires_at, :expires)"
+
 # Sliding-window counter. The SET expressions all read the row as it was.
 _SW_CURRENT = "(CASE WHEN quota_state.stamp >= :ws THEN quota_state.value ELSE 0.0 END)"
 _SW_PREVIOUS = (
@@ -199,14 +207,13 @@ _SW_PREVIOUS = (
 _SW_ALLOWED = f"({_SW_PREVIOUS} * :weight + {_SW_CURRENT} + :cost <= :limit)"
 SLIDING_WINDOW = Named(
     "sliding_window",
-    _STATE_COLUMNS
-    + " VALUES (:bucket_key, :client_key, :window, :cost, 0.0, :ws, 1, :ws + 2 * :window)"
+    _STATE_COLUMNS + " VALUES (:bucket_key, :client_key, :window, :cost, 0.0, :ws, 1, :expires)"
     " ON CONFLICT (bucket_key) DO UPDATE SET"
     f" value = CASE WHEN {_SW_ALLOWED} THEN {_SW_CURRENT} + :cost ELSE {_SW_CURRENT} END,"
     f" prev_value = {_SW_PREVIOUS},"
     " stamp = GREATEST(quota_state.stamp, :ws),"
     f" allowed = CASE WHEN {_SW_ALLOWED} THEN 1 ELSE 0 END,"
-    " expires_at = GREATEST(quota_state.stamp, :ws) + 2 * :window"
+    f" expires_at = {_EXPIRES}"
     " RETURNING value, prev_value, stamp, allowed, CAST(:now AS DOUBLE PRECISION)",
 )
 
@@ -215,13 +222,12 @@ _TB_REFILL = "LEAST(:capacity, quota_state.value + GREATEST(0.0, :now - quota_st
 TOKEN_BUCKET = Named(
     "token_bucket",
     _STATE_COLUMNS + " VALUES (:bucket_key, :client_key, :window, :capacity - :cost, 0.0, :now, 1,"
-    " :now + :cost / :rate)"
+    " :expires)"
     " ON CONFLICT (bucket_key) DO UPDATE SET"
     f" value = CASE WHEN {_TB_REFILL} >= :cost THEN {_TB_REFILL} - :cost ELSE {_TB_REFILL} END,"
     " stamp = GREATEST(quota_state.stamp, :now),"
     f" allowed = CASE WHEN {_TB_REFILL} >= :cost THEN 1 ELSE 0 END,"
-    # When the bucket is full again (an upper bound when denied): cleanup's cue.
-    f" expires_at = GREATEST(quota_state.stamp, :now) + (:capacity - {_TB_REFILL} + :cost) / :rate"
+    f" expires_at = {_EXPIRES}"
     " RETURNING value, allowed, CAST(:now AS DOUBLE PRECISION)",
 )
 
@@ -233,11 +239,11 @@ _GCRA_ALLOWED = "(GREATEST(quota_state.value - :now, 0.0) + :increment <= :toler
 GCRA = Named(
     "gcra",
     _STATE_COLUMNS + " VALUES (:bucket_key, :client_key, :window, :now + :increment, 0.0, 0.0, 1,"
-    " :now + :increment)"
+    " :expires)"
     " ON CONFLICT (bucket_key) DO UPDATE SET"
     f" value = CASE WHEN {_GCRA_ALLOWED} THEN {_GCRA_ARRIVAL} ELSE quota_state.value END,"
     f" allowed = CASE WHEN {_GCRA_ALLOWED} THEN 1 ELSE 0 END,"
-    f" expires_at = CASE WHEN {_GCRA_ALLOWED} THEN {_GCRA_ARRIVAL} ELSE quota_state.value END"
+    f" expires_at = {_EXPIRES}"
     " RETURNING value, allowed, CAST(:now AS DOUBLE PRECISION)",
 )
 
