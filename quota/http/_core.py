@@ -81,7 +81,7 @@ class _LoadPolicies:
         return "LOAD_POLICIES"
 
 
-#: Effect: read the ``quota_policies`` table (``SELECT`` of `quota.http._runtime`).
+#: Effect: read the ``quota_policies`` table (`quota.http._runtime.read_op`, run as a store operation).
 LOAD_POLICIES = _LoadPolicies()
 Effect = Hit | _LoadPolicies
 
@@ -517,4 +517,4 @@ def async_effects(
     return hit, load
 
 
-__all__ = ["AUTH", "LOAD_POLICIES", "PASS", "Guard", "Hit", "Metrics", "Plan", "Verdict"]
+__all__ = ["LOAD_POLICIES", "PASS", "Guard", "Hit", "Metrics", "Plan", "Verdict"]
