@@ -231,6 +231,32 @@ def test_cost_counts_a_request_as_several_hits(make: Make) -> None:
     assert client.post("/api/items").status == 429
 
 
+def test_a_token_bucket_class_bursts_then_refills_with_the_clock(make: Make, clock: Clock) -> None:
+    client = make(
+        make_config(policies=[RoutePolicy(name="api", paths=["/api"], rates="1/s burst 3")])
+    )
+
+    replies = [client.get("/api/items") for _ in range(4)]
+
+    assert [r.status for r in replies] == [200, 200, 200, 429]
+    assert [r.header("X-RateLimit-Remaining") for r in replies] == ["2", "1", "0", "0"]
+    assert {r.header("X-RateLimit-Limit") for r in replies} == {"3"}
+    assert replies[-1].header("Retry-After") == "1"
+    clock.advance(1)
+    assert client.get("/api/items").status == 200
+
+
+def test_several_rates_on_one_class_all_apply(make: Make) -> None:
+    route = RoutePolicy(name="api", paths=["/api"], rates="3/minute;4/hour")
+    client = make(make_config(policies=[route]))
+
+    replies = [client.get("/api/items") for _ in range(4)]
+
+    assert [r.status for r in replies] == [200, 200, 200, 429]
+    assert replies[0].header("RateLimit-Policy") == '"api-0";q=3;w=60, "api-1";q=4;w=3600'
+    assert (replies[0].header("RateLimit") or "").startswith('"api-0";r=2;')
+
+
 def test_shadow_mode_decides_and_reports_but_never_blocks(make: Make) -> None:
     client = make(make_config(shadow=True))
 
