@@ -303,6 +303,11 @@ def _signed(case: str, now: float) -> tuple[str, dict[str, str]]:
         return "/api/items/7", sign("k1", OLD_KEY, "GET", SIGNED_PATH, now)
     if case == "wrong_method":
         return SIGNED_PATH, sign("k1", OLD_KEY, "POST", SIGNED_PATH, now)
+    if case == "huge_timestamp":
+        return SIGNED_PATH, {
+            **sign("k1", OLD_KEY, "GET", SIGNED_PATH, now),
+            "x-quota-timestamp": "9" * 5000,
+        }
     if case == "unknown_key":
         return SIGNED_PATH, sign("k9", OLD_KEY, "GET", SIGNED_PATH, now)
     if case == "wrong_secret":
@@ -321,6 +326,7 @@ def _signed(case: str, now: float) -> tuple[str, dict[str, str]]:
         ("wrong_method", "bad_signature"),
         ("unknown_key", "unknown_key"),
         ("wrong_secret", "bad_signature"),
+        ("huge_timestamp", "malformed"),
     ],
 )
 def test_a_signed_caller_is_trusted_only_with_a_valid_signature(

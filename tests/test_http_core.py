@@ -151,6 +151,8 @@ def test_no_signature_headers_is_no_verdict() -> None:
         ({"x-quota-signature": "zz"}, "malformed"),
         ({"x-quota-timestamp": "soon"}, "malformed"),
         ({"x-quota-key-id": ""}, "malformed"),
+        ({"x-quota-timestamp": "9" * 5000}, "malformed"),
+        ({"x-quota-timestamp": ""}, "malformed"),
         ({"x-quota-key-id": "k3"}, "unknown_key"),
         ({"x-quota-timestamp": str(int(NOW) - 301)}, "expired"),
         ({"x-quota-timestamp": str(int(NOW) + 301)}, "expired"),
@@ -627,3 +629,18 @@ def test_importing_quota_and_the_middlewares_imports_no_web_framework() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_failing_pressure_source_counts_as_no_pressure() -> None:
+    def broken() -> float:
+        raise OSError("no /proc")
+
+    config = HttpConfig(policies=[RoutePolicy(name="api", rates="10/minute")], hash_secret=SECRET,
+                        adaptive=True)  # fmt: skip
+    guard = Guard(config, dialect="sqlite", pressure=broken, clock=lambda: NOW)
+    flow = guard.flow(_request())
+    flow.send(None)  # the policies read
+    hit = flow.send([])
+
+    assert isinstance(hit, Hit) and hit.rates[0].limit == 10
+    assert guard.metrics.get("hook_failed", hook="pressure") == 1

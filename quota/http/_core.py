@@ -347,11 +347,10 @@ class Guard:
             plan_name = self.plans.plan(identity.tenant)
             if plan_name is not None:
                 scale *= config.plan_scales.get(plan_name, 1.0)
-        pressure = self._pressure
         if (
-            pressure is not None
+            self._pressure is not None
             and tier not in config.pressure_exempt
-            and pressure() >= config.pressure_threshold
+            and self._pressure_now() >= config.pressure_threshold
         ):
             scale *= config.pressure_factors.get(tier, 1.0)
         rates = self._scaled(rates, scale, cost)
@@ -359,6 +358,15 @@ class Guard:
         return Plan(
             route, identity, Hit(key, rates, cost), fail_open, config.shadow or route.shadow
         )
+
+    def _pressure_now(self) -> float:
+        assert self._pressure is not None
+        try:
+            return float(self._pressure())
+        except Exception:
+            self.metrics.inc("hook_failed", hook="pressure")
+            log.exception("quota: the pressure source failed; taking no pressure")
+            return 0.0
 
     def _shape(self, route: str, rates: tuple[Rate, ...]) -> PolicyShape:
         found = self._shapes.get((route, id(rates)))
