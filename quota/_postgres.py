@@ -195,7 +195,11 @@ class AsyncPostgresStore:
             sql = _sql.render(sql, "numeric_dollar")
         else:
             sql, params = _sql.bind(sql, params, "numeric_dollar", "postgresql", self.db_clock)  # type: ignore[arg-type]
-        pool, conn = await self._acquire()  # the first one finds out whether it is partitioned
+        pool = self._pool
+        if pool is not None and pool._idle:  # the hot path: an idle connection, no awaits
+            conn = pool._idle.pop()
+        else:  # the first call also finds out whether the table is partitioned
+            pool, conn = await self._acquire()
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)
         try:
