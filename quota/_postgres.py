@@ -29,6 +29,19 @@ T = TypeVar("T")
 
 #: ``durability="relaxed"``: every connection commits without waiting for the WAL flush.
 RELAXED_SETTINGS = {"synchronous_commit": "off"}
+#: Inside a multi-statement transaction: lift the fallback's time budget.
+UNBUDGETED_TRANSACTION = (
+    "SELECT set_config('statement_timeout', '30s', true), set_config('lock_timeout', '30s', true)"
+)
+
+
+def _settings(relaxed: bool, statement_timeout: float | None) -> dict[str, str] | None:
+    """Server settings of the async store's connections: durability and time budget."""
+    settings = dict(RELAXED_SETTINGS) if relaxed else {}
+    if statement_timeout:
+        ms = str(max(1, int(statement_timeout * 1000)))
+        settings.update(statement_timeout=ms, lock_timeout=ms)
+    return settings or None
 #: ... except inside a transaction of `run`: durable quotas keep every commit synchronous.
 DURABLE_TRANSACTION = "SET LOCAL synchronous_commit = on"
 
@@ -147,8 +160,11 @@ class AsyncPostgresStore:
         self._relaxed = relaxed
         self._partitioned = False
         self._dsn = dsn
-        # asyncpg's own per-query timeout: it cancels the query on the server
-        # and leaves the connection usable (a fallback's time budget).
+        # A fallback's time budget, enforced by the server (statement_timeout
+        # and lock_timeout on every connection): asyncpg's client-side
+        # timeout= costs about 10 µs a query, as much as the rest of the
+        # limiter. A server that stops answering altogether is caught at
+        # connect time (the fallback's warm-up and probe).
         self._statement_timeout = statement_timeout
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
@@ -163,7 +179,7 @@ class AsyncPostgresStore:
                 return self._pool
             pool = _Pool(
                 self._dsn, self._pool_size, self._connect_timeout, self._statement_timeout,
-                server_settings=RELAXED_SETTINGS if self._relaxed else None,
+                server_settings=_settings(self._relaxed, self._statement_timeout),
             )  # fmt: skip
             try:
                 conn = await pool.acquire()
@@ -203,7 +219,7 @@ class AsyncPostgresStore:
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)
         try:
-            return await conn.fetch(sql, *params, timeout=self._statement_timeout)  # type: ignore[no-any-return]
+            return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
         finally:
@@ -227,6 +243,10 @@ class AsyncPostgresStore:
             async with conn.transaction():
                 if self._relaxed:
                     await conn.execute(DURABLE_TRANSACTION)
+                if self._statement_timeout:
+                    # The fallback's budget is for decisions in a request path;
+                    # a durable quota transaction may wait its turn.
+                    await conn.execute(UNBUDGETED_TRANSACTION)
                 return await adrive(op, execute)
         except QuotaError:
             raise
@@ -274,6 +294,7 @@ class PostgresStore:
                 [*([self._options] if self._options else []), "-c synchronous_commit=off"]
             )
         self._relaxed = relaxed
+        self._budgeted = statement_timeout is not None
         self._partitioned = False
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -358,6 +379,8 @@ class PostgresStore:
             with conn.transaction():
                 if self._relaxed:
                     conn.execute(DURABLE_TRANSACTION)
+                if self._budgeted:
+                    conn.execute(UNBUDGETED_TRANSACTION)
                 return drive(op, execute)
         except QuotaError:
             raise

@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -345,3 +345,28 @@ def test_without_a_fallback_errors_still_raise() -> None:
 
     with pytest.raises(quota.StorageError):
         asyncio.run(main())
+
+
+@pytest.mark.postgres
+def test_the_budget_binds_decisions_not_durable_transactions(pg_url: str) -> None:
+    """Under a fallback the server cuts decisions at the budget; quota transactions may wait."""
+
+    def show() -> Generator[tuple[str, tuple[()]], Sequence[Sequence[object]], str]:
+        rows = yield "SHOW statement_timeout", ()
+        return str(rows[0][0])
+
+    budget = Fallback(timeout=0.05)
+    with quota.connect(pg_url, fallback=budget) as limiter:
+        limiter.rate_limit("warm", 1, 60)
+        assert limiter.store.run(show(), transaction=False) == "50ms"
+        assert limiter.store.run(show(), transaction=True) == "30s"
+
+    async def main() -> tuple[str, str]:
+        async with quota.connect_async(pg_url, fallback=budget) as al:
+            await al.rate_limit("warm", 1, 60)
+            return (
+                await al.store.run(show(), transaction=False),
+                await al.store.run(show(), transaction=True),
+            )
+
+    assert asyncio.run(main()) == ("50ms", "30s")
