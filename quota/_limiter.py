@@ -181,6 +181,8 @@ class Limiter:
         self._observing = options.metrics is not None or options.abuse is not None
         self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
         self._record_denials = options.record_rate_denials
+        # One test on the hot path for everything that happens after a decision.
+        self._after = self._observing or self._record_denials
 
     def rate_limit(
         self, key: str, limit: int, window: int, *, cost: int = 1,
@@ -220,10 +222,11 @@ class Limiter:
             decision = decide(key, limit, window, params[2], now, rows[0][0])
         else:
             decision = self._uncounted(key, limit, window, params, now)
-        if self._record_denials and not decision.allowed:
-            self._record_denial(decision, cost, now)
-        if self._observing:
-            _observe(self, decision)
+        if self._after and (self._observing or not decision.allowed):
+            if self._record_denials and not decision.allowed:
+                self._record_denial(decision, cost, now)
+            if self._observing:
+                _observe(self, decision)
         return decision
 
     def hit(
@@ -261,10 +264,11 @@ class Limiter:
             decision = self._uncounted(key, rate.limit, rate.window, params, now)  # type: ignore[arg-type]
         else:
             decision = _algorithms.decide_rows(key, rate, cost, now, rows)
-        if self._record_denials and not decision.allowed:
-            self._record_denial(decision, cost, now)
-        if self._observing:
-            _observe(self, decision)
+        if self._after and (self._observing or not decision.allowed):
+            if self._record_denials and not decision.allowed:
+                self._record_denial(decision, cost, now)
+            if self._observing:
+                _observe(self, decision)
         return decision
 
     def _uncounted(
@@ -445,6 +449,8 @@ class AsyncLimiter:
         self._observing = options.metrics is not None or options.abuse is not None
         self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
         self._record_denials = options.record_rate_denials
+        # One test on the hot path for everything that happens after a decision.
+        self._after = self._observing or self._record_denials
 
     async def rate_limit(
         self, key: str, limit: int, window: int, *, cost: int = 1,
@@ -476,10 +482,11 @@ class AsyncLimiter:
             decision = decide(key, limit, window, params[2], now, rows[0][0])
         else:
             decision = await self._uncounted(key, limit, window, params, now)
-        if self._record_denials and not decision.allowed:
-            await self._record_denial(decision, cost, now)
-        if self._observing:
-            _observe(self, decision)
+        if self._after and (self._observing or not decision.allowed):
+            if self._record_denials and not decision.allowed:
+                await self._record_denial(decision, cost, now)
+            if self._observing:
+                _observe(self, decision)
         return decision
 
     async def hit(
@@ -512,10 +519,11 @@ class AsyncLimiter:
             decision = await self._uncounted(key, rate.limit, rate.window, params, now)  # type: ignore[arg-type]
         else:
             decision = _algorithms.decide_rows(key, rate, cost, now, rows)
-        if self._record_denials and not decision.allowed:
-            await self._record_denial(decision, cost, now)
-        if self._observing:
-            _observe(self, decision)
+        if self._after and (self._observing or not decision.allowed):
+            if self._record_denials and not decision.allowed:
+                await self._record_denial(decision, cost, now)
+            if self._observing:
+                _observe(self, decision)
         return decision
 
     async def _uncounted(

@@ -114,7 +114,10 @@ class SQLiteStore:
         return conn
 
     def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        conn = self._conn()
+        try:  # `_conn`, inlined: this runs once per decision
+            conn: sqlite3.Connection = self._local.conn
+        except AttributeError:
+            conn = self._open()
         if sql.__class__ is not str:
             sql, params = _sql.bind(sql, params, "qmark", "sqlite", self.db_clock)  # type: ignore[arg-type]
         try:
