@@ -65,3 +65,34 @@ def test_denials_reach_the_abuse_detector(tmp_path: Path) -> None:
         for _ in range(3):
             limiter.rate_limit("polite", 5, 60)
     assert [key for key, _ in alerts] == ["hammer"]
+
+
+def test_the_http_middleware_labels_decisions_with_route_and_tier(tmp_path: Path) -> None:
+    """A middleware given a `quota.Metrics` as its observer counts decisions by route and tier."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from quota.http import HttpConfig, RoutePolicy
+    from quota.http.asgi import QuotaMiddleware
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    quota.migrate(url)
+    metrics = Metrics()
+
+    async def ok(_request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/api/x", ok)])
+    config = HttpConfig(
+        policies=[RoutePolicy(name="api", paths=["/api"], rates="2/minute")], hash_secret="s" * 32
+    )
+    app.add_middleware(QuotaMiddleware, url=url, config=config, observer=metrics)
+    with TestClient(app) as client:
+        codes = [client.get("/api/x").status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    rows = {
+        (r["route"], r["tier"], r["outcome"]): r["count"] for r in metrics.snapshot()["decisions"]
+    }
+    assert rows == {("api", "anon", "allowed"): 2, ("api", "anon", "denied"): 1}

@@ -30,6 +30,7 @@ from typing import Any
 from quota._algorithms import Rate
 from quota._core import Decision
 from quota._errors import ConfigurationError
+from quota._metrics import Metrics as QuotaMetrics
 from quota.http._identity import (
     ANON,
     AUTH,
@@ -63,6 +64,10 @@ log = logging.getLogger("quota.http")
 
 #: Observer of metric events: ``observer(name, labels)``; see `Metrics`.
 Observer = Callable[[str, Mapping[str, str]], None]
+#: What a middleware's ``observer=`` takes: a callable as above, or a
+#: `quota.Metrics`, which then counts every decision with its route and tier
+#: (``quota_decisions_total{route,tier,outcome,source}``).
+ObserverLike = Observer | QuotaMetrics
 
 
 @dataclass(slots=True)
@@ -113,11 +118,14 @@ class Metrics:
     happens (to feed Prometheus or StatsD); its exceptions are swallowed.
     """
 
-    def __init__(self, observer: Observer | None = None) -> None:
+    def __init__(self, observer: ObserverLike | None = None) -> None:
         self._counts: dict[str, int] = {}
         self._keys: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
-        self._observer = observer
+        self.sink: QuotaMetrics | None = None
+        if isinstance(observer, QuotaMetrics):
+            self.sink, observer = observer, None
+        self._observer: Observer | None = observer
 
     def inc(self, name: str, **labels: str) -> None:
         key = "ratelimit." + name
@@ -196,7 +204,7 @@ class Guard:
         plans: Plans | None = None,
         pressure: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
-        observer: Observer | None = None,
+        observer: ObserverLike | None = None,
     ) -> None:
         if not isinstance(config, HttpConfig):
             raise ConfigurationError(f"config must be an HttpConfig, got {config!r}")
@@ -384,6 +392,8 @@ class Guard:
         metrics = self.metrics
         metrics.count("hits", route, tier)
         blocked = not decision.allowed
+        if metrics.sink is not None:
+            metrics.sink.record_decision(decision.allowed, route=route, tier=tier)
         headers = rate_limit_headers(
             decision, self._shape(route, plan.hit.rates), now, self.config.headers,
             retry_after=blocked and not plan.shadow,
@@ -409,6 +419,10 @@ class Guard:
     ) -> Verdict:  # fmt: skip
         mode = "open" if fail_open or self.config.shadow or route.shadow else "closed"
         self.metrics.inc("errors", route=route.name, mode=mode)
+        if self.metrics.sink is not None:
+            self.metrics.sink.record_decision(
+                mode == "open", source="fail_open", route=route.name, tier=tier
+            )
         stamp = time.monotonic()
         if stamp - self._last_error_log >= 10:  # one line per 10 s, not one per request
             self._last_error_log = stamp

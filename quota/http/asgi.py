@@ -28,7 +28,7 @@ from quota._limiter import AsyncLimiter, Limiter, connect_async
 from quota._url import default_url, parse_url
 from quota.http._core import (
     Guard,
-    Observer,
+    ObserverLike,
     Verdict,
     async_effects,
     drive_async,
@@ -145,7 +145,7 @@ def build_guard(
     limiters: Limiters, config: HttpConfig | None, *, identify: IdentifyHook | None,
     token_validator: TokenValidator | None, response_factory: ResponseFactory | None,
     plans: Plans | None, pressure: Callable[[], float] | None,
-    clock: Callable[[], float] | None, observer: Observer | None,
+    clock: Callable[[], float] | None, observer: ObserverLike | None,
 ) -> Guard:  # fmt: skip
     if config is None:
         config = HttpConfig.from_env(default=DEFAULT_POLICY)
@@ -225,7 +225,7 @@ class QuotaMiddleware:
         plans: Plans | None = None,
         pressure: Callable[[], float] | None = None,
         clock: Callable[[], float] | None = None,
-        observer: Observer | None = None,
+        observer: ObserverLike | None = None,
     ) -> None:
         self.app = app
         self.limiters = Limiters(limiter, url)

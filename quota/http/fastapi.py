@@ -32,7 +32,7 @@ from starlette.responses import Response
 
 from quota._algorithms import Rate
 from quota._limiter import AsyncLimiter, Limiter
-from quota.http._core import Observer
+from quota.http._core import ObserverLike
 from quota.http._identity import IdentifyHook, TokenValidator
 from quota.http._policy import HttpConfig, Plans, RoutePolicy
 from quota.http._responses import HttpResponse, ResponseFactory
@@ -95,7 +95,7 @@ class RateLimit:
         plans: Plans | None = None,
         pressure: Callable[[], float] | None = None,
         clock: Callable[[], float] | None = None,
-        observer: Observer | None = None,
+        observer: ObserverLike | None = None,
     ) -> None:
         policy = RoutePolicy(
             name=name, rates=rates, cost=cost, algorithm=algorithm, fail_open=fail_open,

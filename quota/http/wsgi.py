@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from quota._limiter import Limiter, connect
 from quota._url import default_url, parse_url
-from quota.http._core import Guard, Observer, Verdict, drive_sync, sync_effects
+from quota.http._core import Guard, ObserverLike, Verdict, drive_sync, sync_effects
 from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
 from quota.http._policy import DEFAULT_POLICY, HttpConfig, Plans
 from quota.http._responses import ResponseFactory, expose
@@ -93,7 +93,7 @@ class QuotaWSGIMiddleware:
         plans: Plans | None = None,
         pressure: Callable[[], float] | None = None,
         clock: Callable[[], float] | None = None,
-        observer: Observer | None = None,
+        observer: ObserverLike | None = None,
     ) -> None:
         self.app = app
         if limiter is None:
