@@ -42,6 +42,8 @@ def _settings(relaxed: bool, statement_timeout: float | None) -> dict[str, str] 
         ms = str(max(1, int(statement_timeout * 1000)))
         settings.update(statement_timeout=ms, lock_timeout=ms)
     return settings or None
+
+
 #: ... except inside a transaction of `run`: durable quotas keep every commit synchronous.
 DURABLE_TRANSACTION = "SET LOCAL synchronous_commit = on"
 

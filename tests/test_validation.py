@@ -284,7 +284,6 @@ SECRET = "s3cr3t-pw"
 REFUSED_WITH_PASSWORD = f"postgresql://root:{SECRET}@127.0.0.1:1/db"
 
 
-
 @pytest.mark.parametrize(
     "operation",
     [

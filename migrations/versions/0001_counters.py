@@ -39,9 +39,7 @@ def upgrade() -> None:
         for statement in _partitions.create_table_sql(logged):
             op.execute(statement)
         now = time.time()
-        for start in _partitions.starts_between(
-            now - _partitions.BEHIND, now + _partitions.AHEAD
-        ):
+        for start in _partitions.starts_between(now - _partitions.BEHIND, now + _partitions.AHEAD):
             op.execute(_partitions.create_partition_sql(start, logged))
         return
     # "C" collation: keys compare as bytes, the fastest btree order on PostgreSQL.
