@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -22,6 +22,9 @@ from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
 
 T = TypeVar("T")
+
+#: Busy timeout of a durable quota transaction under a fallback's budget.
+UNBUDGETED_BUSY_MS = 30_000
 
 #: INSERT … RETURNING arrived in SQLite 3.35.0 (2021-03).
 MIN_SQLITE = (3, 35, 0)
@@ -78,13 +81,14 @@ class SQLiteStore:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
+        self._serialize: threading.Lock | None = None
         if serialize:
             # Under a short busy timeout (a fallback's budget), threads of one
             # process queue on this lock (fair, no sleeping) instead of on
             # SQLite's busy handler, whose backoff sleeps can starve a thread
             # past the budget and fake an outage. Processes still share the
             # file through SQLite's own locking, within the budget.
-            self._writer = threading.Lock()
+            self._serialize = threading.Lock()
             self.execute = self._execute_one_at_a_time  # type: ignore[method-assign]
         self._schema_checked = False
 
@@ -128,7 +132,8 @@ class SQLiteStore:
     def _execute_one_at_a_time(
         self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]
     ) -> Rows:
-        with self._writer:
+        assert self._serialize is not None
+        with self._serialize:
             return SQLiteStore.execute(self, sql, params)
 
     def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
@@ -142,6 +147,24 @@ class SQLiteStore:
 
         if not transaction:
             return drive(op, execute)
+        if self._serialize is None:
+            return self._transaction(conn, op, execute)
+        # Under a fallback's short busy timeout: a durable quota transaction is
+        # no request-path decision, so it queues with this process's writers
+        # and may wait its turn on other processes for the usual time.
+        with self._serialize:
+            conn.execute(f"PRAGMA busy_timeout = {UNBUDGETED_BUSY_MS}")
+            try:
+                return self._transaction(conn, op, execute)
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+
+    @staticmethod
+    def _transaction(
+        conn: sqlite3.Connection,
+        op: Generator[Statement, Rows, T],
+        execute: Callable[[str, Sequence[Any]], Rows],
+    ) -> T:
         # IMMEDIATE takes the write lock up front, so two writers never both
         # read and then deadlock upgrading to write.
         execute("BEGIN IMMEDIATE", ())

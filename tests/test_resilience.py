@@ -370,3 +370,23 @@ def test_the_budget_binds_decisions_not_durable_transactions(pg_url: str) -> Non
             )
 
     assert asyncio.run(main()) == ("50ms", "30s")
+
+
+def test_sqlite_quota_transactions_wait_their_turn_under_a_fallback(tmp_path: Path) -> None:
+    """The fallback's short busy timeout is for decisions: a quota transaction waits longer."""
+    path = tmp_path / "q.db"
+    url = f"sqlite:///{path}"
+    quota.migrate(url)
+    limiter = quota.connect(url, fallback=Fallback(timeout=0.05, probe_interval=60))
+    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        limiter.rate_limit("warm", 5, 60)  # opens this thread's connection
+        blocker.execute("BEGIN IMMEDIATE")
+        timer = threading.Timer(0.3, lambda: blocker.execute("ROLLBACK"))
+        timer.start()
+        decision = limiter.consume_quota("tenant", "calls", 10, "day")
+        timer.join()
+        assert decision.allowed and decision.used == 1
+    finally:
+        blocker.close()
+        limiter.close()
