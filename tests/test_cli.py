@@ -1,0 +1,101 @@
+"""The core commands of the ``quota`` CLI: exit codes, JSON, the demo, cleanup --every."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+from quota._cli import main
+
+import quota
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_hit_exits_0_when_allowed_and_4_when_denied_with_headers(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    assert _run("--url", url, "migrate")[0] == 0
+    code, out = _run("--url", url, "hit", "k", "--limit", "1", "--window", "1m")
+    assert code == 0
+    assert "X-RateLimit-Remaining: 0" in out
+    code, out = _run("hit", "k", "--limit", "1", "--window", "60", "--json", "--url", url)
+    assert code == 4
+    data = json.loads(out)
+    assert (data["allowed"], data["count"], data["limit"]) == (False, 2, 1)
+    assert int(data["headers"]["Retry-After"]) == data["retry_after"] >= 1
+
+
+def test_usage_and_database_errors_have_their_exit_codes(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    quota.migrate(url)
+    code, out = _run("--url", url, "hit", "k", "--limit", "0", "--window", "60")
+    assert code == 2 and "limit" in out
+    code, out = _run("--url", url, "hit", "k", "--limit", "1", "--window", "fortnight")
+    assert code == 2 and "window" in out
+    code, out = _run("--url", "postgresql://root@127.0.0.1:1/x", "hit", "k", "-l", "1", "-w", "60")
+    assert code == 3 and "Error" in out
+
+
+def test_top_and_peek_and_reset(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    quota.migrate(url)
+    for _ in range(3):
+        _run("--url", url, "hit", "busy", "-l", "10", "-w", "1h")
+    _run("--url", url, "hit", "quiet", "-l", "10", "-w", "1h")
+    code, out = _run("--url", url, "top", "--json")
+    assert code == 0
+    assert [(u["key"], u["count"]) for u in json.loads(out)] == [("busy", 3), ("quiet", 1)]
+    code, out = _run("--url", url, "peek", "busy", "-l", "3", "-w", "1h", "--json")
+    assert code == 4 and json.loads(out)["count"] == 3
+    code, out = _run("--url", url, "reset", "busy")
+    assert code == 0 and "1 row(s)" in out
+    assert _run("--url", url, "peek", "busy", "-l", "3", "-w", "1h")[0] == 0
+
+
+def test_migrate_sql_prints_the_ddl_without_running_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    code, out = _run("--url", url, "migrate", "--sql")
+    assert code == 0 and "CREATE TABLE quota_counters" in out
+    assert quota.current_revision(url) is None
+
+
+def test_demo_runs_on_a_fresh_database_in_seconds(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'demo' / 'q.db'}"
+    started = time.monotonic()
+    code, out = _run("--url", url, "demo")
+    assert code == 0, out
+    assert time.monotonic() - started < 10
+    assert "leaked key" in out and "denied" in out
+    assert "cleanup: deleted 6 ended window(s)" in out
+
+
+def test_cleanup_every_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    quota.migrate(url)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from quota._cli import main; main()", "--url", url,
+         "cleanup", "--every", "1s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the first sweep runs at once
+        assert "deleted 0 expired row(s)" in first
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert proc.stderr is not None
+        assert "received SIGTERM, stopping" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)  # drains and closes both pipes
