@@ -8,7 +8,8 @@ One row per (algorithm, window length, key), updated in place by one atomic
 statement per decision. Ephemeral like the counters: UNLOGGED on PostgreSQL
 unless migrated with ``-x counters_logged=true`` (``quota migrate
 --logged-counters``), with the same fillfactor for HOT updates. `expires_at`
-is when a row has become the same as no row at all; cleanup deletes by it.
+is when a row has become the same as no row at all; cleanup deletes by it
+(through an index on PostgreSQL only; see upgrade()).
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ def upgrade() -> None:
         prefixes=["UNLOGGED"] if postgres and not logged else [],
         sqlite_with_rowid=False,
     )
-    op.create_index("ix_quota_state_expires_at", "quota_state", ["expires_at"])
     if postgres:
+        # Cleanup's index. Expiry is rounded up to the hour, so an update
+        # almost never changes it and PostgreSQL keeps updates HOT. SQLite
+        # rewrites an index entry whenever its column is SET, equal or not
+        # (measured: 20 µs of a 60 µs decision), so there cleanup scans
+        # instead: the state table holds one row per active key.
+        op.create_index("ix_quota_state_expires_at", "quota_state", ["expires_at"])
         op.execute(
             "ALTER TABLE quota_state SET (fillfactor = 70,"
             " autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05)"
@@ -50,5 +56,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index("ix_quota_state_expires_at", table_name="quota_state")
+    if context.get_context().dialect.name == "postgresql":
+        op.drop_index("ix_quota_state_expires_at", table_name="quota_state")
     op.drop_table("quota_state")
