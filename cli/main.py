@@ -260,7 +260,7 @@ def cleanup(
     ctx: click.Context, grace: int, batch_size: int, dry_run: bool, every: int | None,
     ledger_older_than: int | None, as_json: bool,
 ) -> None:  # fmt: skip
-    """Delete rate windows that have ended. Never touches durable quotas' usage.
+    """Delete rate windows and algorithm state that have ended. Never touches durable quotas' usage.
 
     The quota ledger is kept forever unless --ledger-older-than is given:
     then its entries older than that go too (idempotency keys of charges
