@@ -204,15 +204,6 @@ def gcra_params(rate: Rate, cost: int) -> tuple[float, float]:
     return cost * interval, rate.capacity * interval + (rate.capacity + 1) * GCRA_SLACK
 
 
-def expires_at(algorithm: str, rate: Rate, state: tuple[float, ...]) -> float:
-    """When a state row becomes the same as no row at all (cleanup may drop it then)."""
-    if algorithm == SLIDING_WINDOW:
-        return state[2] + 2 * rate.window
-    if algorithm == TOKEN_BUCKET:
-        return state[1] + (rate.capacity - state[0]) / rate.rate
-    return state[0]  # gcra: the theoretical arrival time
-
-
 # -- decisions from returned state --------------------------------------------------
 
 

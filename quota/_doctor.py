@@ -28,7 +28,7 @@ from typing import Any
 from quota._errors import ConfigurationError
 from quota._schema import REQUIRED, REVISIONS
 from quota._sql import DB_NOW, SCHEMA_VERSION
-from quota._url import StoreURL, default_url, parse_url
+from quota._url import StoreURL, default_url, parse_url, redact
 
 OK = "ok"
 WARN = "warn"
@@ -112,9 +112,7 @@ def diagnose(
 
 def display_url(url: str) -> str:
     """`url` without its password, for output."""
-    from quota._postgres import _redact  # imports asyncpg: not at `import quota` time
-
-    return _redact(url)
+    return redact(url)
 
 
 def migrate_command(url: str) -> str:

@@ -156,6 +156,17 @@ def _rate(limit: int, window: int, algorithm: str, burst: int | None) -> Rate:
     return Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
 
 
+def _fail_open(
+    limiter: Limiter | AsyncLimiter, key: str, rate: Rate, cost: int, now: float
+) -> Decision:
+    """Allow, when neither the store nor the memory fallback could decide (both faces)."""
+    log.exception("quota: neither the store nor the memory fallback decided; allowing")
+    decision = open_decision(key, rate, cost, now)
+    if limiter._observing:
+        _observe(limiter, decision, "fail_open")
+    return decision
+
+
 def _check_cost(cost: object, limit: object) -> int:
     return check_int("cost", cost, maximum=limit if type(limit) is int and limit > 0 else MAX_LIMIT)
 
@@ -217,7 +228,7 @@ class Limiter:
         except Exception:
             if self._fallback is None:
                 raise
-            return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
+            return _fail_open(self, key, Rate(limit=limit, window=window), cost, now)
         if rows:
             decision = decide(key, limit, window, params[2], now, rows[0][0])
         else:
@@ -259,7 +270,7 @@ class Limiter:
         except Exception:
             if self._fallback is None:
                 raise
-            return self._fail_open(key, rate, cost, now)
+            return _fail_open(self, key, rate, cost, now)
         if not rows and sql is _sql.HIT_CAPPED:
             decision = self._uncounted(key, rate.limit, rate.window, params, now)  # type: ignore[arg-type]
         else:
@@ -282,13 +293,6 @@ class Limiter:
         return decide_uncounted(
             key, limit, window, params[2], now, int(stored[0][0]) if stored else 0
         )
-
-    def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
-        log.exception("quota: neither the store nor the memory fallback decided; allowing")
-        decision = open_decision(key, rate, cost, now)
-        if self._observing:
-            _observe(self, decision, "fail_open")
-        return decision
 
     def peek(
         self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
@@ -477,7 +481,7 @@ class AsyncLimiter:
         except Exception:
             if self._fallback is None:
                 raise
-            return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
+            return _fail_open(self, key, Rate(limit=limit, window=window), cost, now)
         if rows:
             decision = decide(key, limit, window, params[2], now, rows[0][0])
         else:
@@ -514,7 +518,7 @@ class AsyncLimiter:
         except Exception:
             if self._fallback is None:
                 raise
-            return self._fail_open(key, rate, cost, now)
+            return _fail_open(self, key, rate, cost, now)
         if not rows and sql is _sql.HIT_CAPPED:
             decision = await self._uncounted(key, rate.limit, rate.window, params, now)  # type: ignore[arg-type]
         else:
@@ -537,13 +541,6 @@ class AsyncLimiter:
         return decide_uncounted(
             key, limit, window, params[2], now, int(stored[0][0]) if stored else 0
         )
-
-    def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
-        log.exception("quota: neither the store nor the memory fallback decided; allowing")
-        decision = open_decision(key, rate, cost, now)
-        if self._observing:
-            _observe(self, decision, "fail_open")
-        return decision
 
     async def peek(
         self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,

@@ -12,8 +12,9 @@ Rows live in one ordered dict, least recently used first, guarded by one
 lock held for a dictionary update or two (nothing in here waits on I/O, so
 the async face calls the same code directly). The dict holds at most
 `max_keys` rows: a new row first drops up to two least recently used rows
-that expired more than `IDLE_GRACE` seconds ago (the same as no row at all,
-see `quota._algorithms.expires_at`), then, when still full, the least
+that expired more than `IDLE_GRACE` seconds ago (the same as no row at all:
+two windows after a sliding window's start, a token bucket full again, a
+GCRA arrival time passed), then, when still full, the least
 recently used row, live or not.
 
 ``memory://`` gives every `quota.connect` a store of its own.

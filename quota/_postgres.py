@@ -62,11 +62,6 @@ def wrap_error(exc: BaseException, url: str) -> QuotaError:
     return StorageError(f"PostgreSQL error on {redact(url)}: {type(exc).__name__}: {exc}")
 
 
-def _redact(url: str) -> str:
-    """`url` without its password (kept for callers of the old name)."""
-    return redact(url)
-
-
 class _Pool:
     """The smallest connection pool that does the job: idle connections on a stack.
 

@@ -206,9 +206,16 @@ class AsyncSQLiteStore:
 
     async def _open(self) -> aiosqlite.Connection:
         try:
-            conn = await aiosqlite.connect(
+            pending = aiosqlite.connect(
                 self._path, timeout=self._busy_timeout, isolation_level=None
             )
+            # aiosqlite's worker thread is not a daemon: a store nobody closed
+            # (the module-level default limiter, say) would keep the process
+            # from exiting. SQLite recovers an unclosed WAL file on next open.
+            worker = getattr(pending, "_thread", None)
+            if worker is not None and not worker.is_alive():
+                worker.daemon = True
+            conn = await pending
         except sqlite3.Error as exc:
             raise wrap_error(exc, self.url) from exc
         try:

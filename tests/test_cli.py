@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from quota._cli import main
 
@@ -99,3 +100,30 @@ def test_cleanup_every_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)  # drains and closes both pipes
+
+
+def test_the_module_level_functions_use_the_configured_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`quota.rate_limit` and `rate_limit_async` share one default limiter on $QUOTA_DATABASE_URL."""
+    import asyncio
+
+    from quota import _default
+
+    url = f"sqlite:///{tmp_path / 'default.db'}"
+    quota.migrate(url)
+    monkeypatch.setenv("QUOTA_DATABASE_URL", url)
+    monkeypatch.setattr(_default, "_sync", None)
+    try:
+        assert quota.rate_limit("k", 2, 60).allowed
+
+        async def twice() -> list[bool]:
+            allowed = [(await quota.rate_limit_async("k", 2, 60)).allowed for _ in range(2)]
+            await _default.default_async_limiter().aclose()
+            return allowed
+
+        assert asyncio.run(twice()) == [True, False]  # the same counter, seen from asyncio
+    finally:
+        limiter = _default._sync
+        if limiter is not None:
+            limiter.close()
