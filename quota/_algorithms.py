@@ -25,6 +25,7 @@ counts alone, and GCRA's leaves the arrival time alone.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -103,17 +104,26 @@ class Rate:
                 f"refill_per_second must be a positive number, got {self.refill_per_second!r}"
             )
 
-    @property
+    # Derived values are cached on the (frozen) instance: a decision reads them
+    # on every call, and `quota._limiter` keeps one `Rate` per distinct call.
+
+    @functools.cached_property
     def capacity(self) -> int:
         """The most hits that can pass at once."""
         if self.algorithm in (TOKEN_BUCKET, GCRA) and self.burst is not None:
             return self.burst
         return self.limit
 
-    @property
+    @functools.cached_property
     def rate(self) -> float:
         """Tokens (hits) regained per second."""
         return float(self.refill_per_second or self.limit / self.window)
+
+    @functools.cached_property
+    def _gcra(self) -> tuple[float, float]:
+        """GCRA's emission interval, and its tolerance (see `gcra_params`)."""
+        interval = self.window / self.limit
+        return interval, self.capacity * interval + (self.capacity + 1) * GCRA_SLACK
 
     def check_cost(self, cost: object) -> int:
         """`cost` if this rate can ever allow it; `ConfigurationError` otherwise."""
@@ -200,8 +210,8 @@ GCRA_SLACK = 1e-6
 
 def gcra_params(rate: Rate, cost: int) -> tuple[float, float]:
     """GCRA's (increment, tolerance): cost * emission interval, and burst * interval (plus slack)."""
-    interval = rate.window / rate.limit
-    return cost * interval, rate.capacity * interval + (rate.capacity + 1) * GCRA_SLACK
+    interval, tolerance = rate._gcra
+    return cost * interval, tolerance
 
 
 # -- decisions from returned state --------------------------------------------------
@@ -215,32 +225,43 @@ def sliding_decision(
     key: str, rate: Rate, cost: int, now: float, state: SlidingState, allowed: bool
 ) -> Decision:
     value, prev_value, stamp = state
-    ws = window_start(now, rate.window)
     limit, window = rate.limit, rate.window
-    weight = sliding_weight(now, ws, window)
+    # window_start and sliding_weight, inlined: this runs once per decision.
+    second = int(now)
+    start = second - second % window
+    ws = float(start)
     # The state may carry a newer window (see sliding_step); weigh from ours.
-    current = value if stamp >= ws else 0.0
-    previous = prev_value if stamp >= ws else (value if stamp == ws - window else 0.0)
-    estimate = previous * weight + current
-    count = math.ceil(estimate - _EPS)
-    remaining = max(0, min(limit, math.floor(limit - estimate + _EPS)))
-    reset_at = int(ws) + window
+    if stamp >= ws:
+        current, previous = value, prev_value
+    else:
+        current, previous = 0.0, (value if stamp == ws - window else 0.0)
+    estimate = previous * ((window - (now - ws)) / window) + current if previous else current
+    remaining = math.floor(limit - estimate + _EPS)
+    if remaining < 0:
+        remaining = 0
+    elif remaining > limit:
+        remaining = limit
     if allowed:
-        return _decision(True, key, limit, remaining, count, window, reset_at, 0)
+        return _decision(
+            True, key, limit, remaining, math.ceil(estimate - _EPS), window, start + window, 0
+        )
     if current + cost <= limit and previous > 0:
         # Passes later in this window, once enough of the previous one fades.
         wait = ws + window * (1 - (limit - current - cost) / previous) - now
     else:
         # Only in the next window, once enough of this one fades.
         wait = ws + window + window * (1 - (limit - cost) / current) - now
-    return _decision(False, key, limit, remaining, count, window, reset_at, _retry(wait))
+    count = math.ceil(estimate - _EPS)
+    return _decision(False, key, limit, remaining, count, window, start + window, _retry(wait))
 
 
 def bucket_decision(
     key: str, rate: Rate, cost: int, now: float, tokens: float, allowed: bool
 ) -> Decision:
     capacity, per_second = rate.capacity, rate.rate
-    remaining = max(0, math.floor(tokens + _EPS))
+    remaining = math.floor(tokens + _EPS)
+    if remaining < 0:
+        remaining = 0
     reset_at = math.ceil(now + (capacity - tokens) / per_second - _EPS)
     retry = 0 if allowed else _retry((cost - tokens) / per_second)
     return _decision(
@@ -254,9 +275,14 @@ def gcra_decision(
     increment, tolerance = gcra_params(rate, cost)
     interval = increment / cost
     capacity = rate.capacity
-    remaining = max(0, min(capacity, math.floor((tolerance - (tat - now)) / interval + _EPS)))
-    reset_at = math.ceil(max(tat, now) - _EPS)
-    retry = 0 if allowed else _retry(max(tat, now) + increment - tolerance - now)
+    remaining = math.floor((tolerance - (tat - now)) / interval + _EPS)
+    if remaining < 0:
+        remaining = 0
+    elif remaining > capacity:
+        remaining = capacity
+    later = tat if tat > now else now
+    reset_at = math.ceil(later - _EPS)
+    retry = 0 if allowed else _retry(later + increment - tolerance - now)
     return _decision(
         allowed, key, capacity, remaining, capacity - remaining, rate.window, reset_at, retry
     )
@@ -276,34 +302,40 @@ def state_key(algorithm: str, window: int, stored_key: str) -> str:
 
 def statement(
     stored_key: str, rate: Rate, cost: int, now: float, count_denied: bool = True
-) -> tuple[Named, dict[str, object]]:
+) -> tuple[Named, tuple[Any, ...]]:
     """The one atomic statement deciding a hit under `rate`, with its parameters.
 
+    The parameters are a tuple in the order of the statement's `Named.names`.
     For the fixed window this is the database-clock form (the app-clock form
     is the positional hot path in `quota._limiter`). Every float parameter is
     computed here once, so all stores start from the same doubles.
     """
-    params: dict[str, object] = {
-        "client_key": stored_key, "window": rate.window, "cost": float(cost), "now": now,
-    }  # fmt: skip
-    algorithm = rate.algorithm
+    algorithm, window = rate.algorithm, rate.window
     if algorithm == FIXED_WINDOW:
-        params.update(cost=cost, limit=rate.limit)
-        return (_sql.HIT_DB_CLOCK if count_denied else _sql.HIT_DB_CLOCK_CAPPED), params
-    params["bucket_key"] = state_key(algorithm, rate.window, stored_key)
+        named = _sql.HIT_DB_CLOCK if count_denied else _sql.HIT_DB_CLOCK_CAPPED
+        return named, (stored_key, window, cost, now, rate.limit)
+    bucket_key = f"{PREFIX[algorithm]}:{window}:{stored_key}"  # state_key, inlined
     if algorithm == SLIDING_WINDOW:
-        ws = window_start(now, rate.window)
-        params.update(ws=ws, weight=sliding_weight(now, ws, rate.window), limit=float(rate.limit))
-        named, horizon = _sql.SLIDING_WINDOW, 2.0 * rate.window
-    elif algorithm == TOKEN_BUCKET:
-        params.update(capacity=float(rate.capacity), rate=rate.rate)
-        named, horizon = _sql.TOKEN_BUCKET, rate.capacity / rate.rate
-    else:
-        increment, tolerance = gcra_params(rate, cost)
-        params.update(increment=increment, tolerance=tolerance)
-        named, horizon = _sql.GCRA, tolerance
-    params.update(horizon=horizon, expires=expiry(now, horizon))
-    return named, params
+        second = int(now)
+        ws = float(second - second % window)  # window_start, inlined
+        horizon = 2.0 * window
+        return _sql.SLIDING_WINDOW, (
+            bucket_key, stored_key, window, float(cost), now, ws, (window - (now - ws)) / window,
+            float(rate.limit), horizon,
+            float((int(now + horizon) // EXPIRY_GRANULARITY + 1) * EXPIRY_GRANULARITY),  # expiry
+        )  # fmt: skip
+    if algorithm == TOKEN_BUCKET:
+        capacity, per_second = rate.capacity, rate.rate
+        horizon = capacity / per_second
+        return _sql.TOKEN_BUCKET, (
+            bucket_key, stored_key, window, float(cost), now, float(capacity), per_second,
+            horizon, expiry(now, horizon),
+        )  # fmt: skip
+    increment, tolerance = gcra_params(rate, cost)
+    return _sql.GCRA, (
+        bucket_key, stored_key, window, float(cost), now, increment, tolerance, tolerance,
+        expiry(now, tolerance),
+    )  # fmt: skip
 
 
 #: State rows expire on the hour (see `expiry`).
@@ -324,7 +356,7 @@ def expiry(now: float, horizon: float) -> float:
 
 def plan(
     key: str, rate: Rate, cost: int, now: float, *, count_denied: bool, database_clock: bool
-) -> tuple[str | Named, Sequence[Any] | dict[str, object]]:
+) -> tuple[str | Named, Sequence[Any]]:
     """The statement and parameters deciding one hit of `key` under `rate`.
 
     The fixed window on the app clock is the positional hot statement; every
@@ -363,18 +395,16 @@ def decide_rows(
     a capped fixed window denied and so returned no row.
     """
     algorithm = rate.algorithm
-    if algorithm == FIXED_WINDOW:
-        if not rows or len(rows[0]) == 1:  # the positional statement, or a capped denial
-            start = int(window_start(now, rate.window))
-            return decide(key, rate.limit, rate.window, start, now, rows[0][0] if rows else None)
-        count, start, now = rows[0]
-        return decide(key, rate.limit, rate.window, int(start), float(now), int(count))
-    row = rows[0]
-    now = float(row[-1])
-    allowed = bool(row[-2])
+    row = rows[0] if rows else None
     if algorithm == SLIDING_WINDOW:
-        state = (float(row[0]), float(row[1]), float(row[2]))
-        return sliding_decision(key, rate, cost, now, state, allowed)
+        state = (float(row[0]), float(row[1]), float(row[2]))  # type: ignore[index]
+        return sliding_decision(key, rate, cost, float(row[4]), state, bool(row[3]))  # type: ignore[index]
     if algorithm == TOKEN_BUCKET:
-        return bucket_decision(key, rate, cost, now, float(row[0]), allowed)
-    return gcra_decision(key, rate, cost, now, float(row[0]), allowed)
+        return bucket_decision(key, rate, cost, float(row[2]), float(row[0]), bool(row[1]))  # type: ignore[index]
+    if algorithm == GCRA:
+        return gcra_decision(key, rate, cost, float(row[2]), float(row[0]), bool(row[1]))  # type: ignore[index]
+    if row is None or len(row) == 1:  # the positional statement, or a capped denial
+        start = int(window_start(now, rate.window))
+        return decide(key, rate.limit, rate.window, start, now, row[0] if row else None)
+    count, start, now = row
+    return decide(key, rate.limit, rate.window, int(start), float(now), int(count))

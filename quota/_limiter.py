@@ -50,6 +50,7 @@ from quota._resilience import (
     StoreDown,
     retry_after_down,
 )
+from quota._sql import Named
 from quota._store import AsyncStore, SyncStore
 from quota._url import StoreURL, parse_url
 
@@ -254,11 +255,17 @@ class Limiter:
         return decisions[0] if len(decisions) == 1 else most_restrictive(decisions)
 
     def _decide(self, key: str, rate: Rate, cost: int, fail_closed: bool = False) -> Decision:
-        rate.check_cost(cost)
+        if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
+            rate.check_cost(cost)
         now = self._clock()
-        sql, params = _algorithms.plan(
-            key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
-        )
+        sql: str | Named
+        params: Sequence[Any]
+        if self._fast and rate.algorithm != FIXED_WINDOW:  # `plan`, inlined
+            sql, params = _algorithms.statement(stored_key(key), rate, cost, now)
+        else:
+            sql, params = _algorithms.plan(
+                key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
+            )
         strict = fail_closed and self._fallback is not None
         try:
             rows = (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
@@ -272,7 +279,7 @@ class Limiter:
                 raise
             return _fail_open(self, key, rate, cost, now)
         if not rows and sql is _sql.HIT_CAPPED:
-            decision = self._uncounted(key, rate.limit, rate.window, params, now)  # type: ignore[arg-type]
+            decision = self._uncounted(key, rate.limit, rate.window, params, now)
         else:
             decision = _algorithms.decide_rows(key, rate, cost, now, rows)
         if self._after and (self._observing or not decision.allowed):
@@ -502,11 +509,17 @@ class AsyncLimiter:
         return decisions[0] if len(decisions) == 1 else most_restrictive(decisions)
 
     async def _decide(self, key: str, rate: Rate, cost: int, fail_closed: bool = False) -> Decision:
-        rate.check_cost(cost)
+        if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
+            rate.check_cost(cost)
         now = self._clock()
-        sql, params = _algorithms.plan(
-            key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
-        )
+        sql: str | Named
+        params: Sequence[Any]
+        if self._fast and rate.algorithm != FIXED_WINDOW:  # `plan`, inlined
+            sql, params = _algorithms.statement(stored_key(key), rate, cost, now)
+        else:
+            sql, params = _algorithms.plan(
+                key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
+            )
         strict = fail_closed and self._fallback is not None
         try:
             rows = await (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
@@ -520,7 +533,7 @@ class AsyncLimiter:
                 raise
             return _fail_open(self, key, rate, cost, now)
         if not rows and sql is _sql.HIT_CAPPED:
-            decision = await self._uncounted(key, rate.limit, rate.window, params, now)  # type: ignore[arg-type]
+            decision = await self._uncounted(key, rate.limit, rate.window, params, now)
         else:
             decision = _algorithms.decide_rows(key, rate, cost, now, rows)
         if self._after and (self._observing or not decision.allowed):

@@ -208,7 +208,7 @@ class MemoryStore:
             named = self._named.get(sql.name)
             if named is None:
                 raise _unsupported(sql)
-            return named(params)  # type: ignore[arg-type]
+            return named(sql.as_dict(params))  # type: ignore[arg-type]
         if sql is _HIT or sql == _HIT:
             return self._hit(params)  # type: ignore[arg-type]
         positional = self._positional.get(sql)

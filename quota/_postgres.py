@@ -153,6 +153,7 @@ class AsyncPostgresStore:
     ) -> None:  # fmt: skip
         self.url = url
         self.db_clock = db_clock
+        self._bind = _sql.Binder("numeric_dollar", "postgresql", db_clock)
         # durability="relaxed": the session commits without waiting for the WAL flush.
         self._relaxed = relaxed
         self._partitioned = False
@@ -207,7 +208,7 @@ class AsyncPostgresStore:
         if sql.__class__ is str:
             sql = _sql.render(sql, "numeric_dollar")
         else:
-            sql, params = _sql.bind(sql, params, "numeric_dollar", "postgresql", self.db_clock)  # type: ignore[arg-type]
+            sql, params = self._bind(sql, params)  # type: ignore[arg-type]
         pool = self._pool
         if pool is not None and pool._idle:  # the hot path: an idle connection, no awaits
             conn = pool._idle.pop()
@@ -277,6 +278,7 @@ class PostgresStore:
         self._psycopg = psycopg
         self.url = url
         self.db_clock = db_clock
+        self._bind = _sql.Binder("format", "postgresql", db_clock)
         self._dsn = dsn
         self._connect_timeout = connect_timeout
         # Server-side bound on each statement (and lock wait), for the fallback's time budget.
@@ -347,7 +349,7 @@ class PostgresStore:
         if sql.__class__ is str:
             sql = _sql.render(sql, "format")
         else:
-            sql, params = _sql.bind(sql, params, "format", "postgresql", self.db_clock)  # type: ignore[arg-type]
+            sql, params = self._bind(sql, params)  # type: ignore[arg-type]
         conn = self._conn()
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)

@@ -248,7 +248,7 @@ class RedisPlan:
             named = self._named.get(sql.name)
             if named is None:
                 raise _unsupported(sql)
-            return named(sql, params)  # type: ignore[arg-type]
+            return named(sql, sql.as_dict(params))  # type: ignore[arg-type]
         positional = self._positional.get(sql)
         if positional is None:
             raise _unsupported(sql)

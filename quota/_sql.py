@@ -9,8 +9,9 @@ DO UPDATE … RETURNING``, so a decision is one atomic round trip.
 from __future__ import annotations
 
 import functools
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Sequence
 from typing import Any
 
 COUNTERS = "quota_counters"
@@ -105,13 +106,24 @@ def render(text: str, style: str) -> str:
 
 
 class Named:
-    """A statement with ``:name`` parameters. `name` identifies it to non-SQL stores."""
+    """A statement with ``:name`` parameters, given as a tuple in the order of `names`.
 
-    __slots__ = ("name", "text")
+    `name` identifies it to non-SQL stores, which read the parameters by name
+    (`as_dict`); SQL stores compile it once per driver (`positional`).
+    """
 
-    def __init__(self, name: str, text: str) -> None:
+    __slots__ = ("name", "names", "text")
+
+    def __init__(self, name: str, text: str, names: tuple[str, ...]) -> None:
         self.name = name
         self.text = text
+        self.names = names
+        missing = set(_NAMED_PARAM.findall(text)) - set(names) - {"wsint"}  # wsint: SQL-only
+        assert not missing, f"{name}: parameters {missing} have no place in {names}"
+
+    def as_dict(self, params: Sequence[Any]) -> dict[str, Any]:
+        """`params` by name."""
+        return dict(zip(self.names, params, strict=True))
 
     def __repr__(self) -> str:
         return f"Named({self.name!r})"
@@ -179,12 +191,39 @@ def compile_named(
     return _NAMED_PARAM.sub(placeholder, text), tuple(names)
 
 
-def bind(
-    named: Named, params: Mapping[str, Any], style: str, dialect: str, db_clock: bool
-) -> tuple[str, tuple[Any, ...]]:
-    """`named` compiled for the driver, with its parameters in the driver's order."""
-    text, names = compile_named(named.text, style, dialect, db_clock)
-    return text, tuple([params[name] for name in names])
+Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
+
+
+def positional(named: Named, style: str, dialect: str, db_clock: bool) -> tuple[str, Picker]:
+    """`named` compiled for the driver, and what picks the driver's parameters from a call's.
+
+    A store compiles each statement once and keeps the pair: a call then costs
+    one `operator.itemgetter` over the parameter tuple.
+    """
+    text, used = compile_named(named.text, style, dialect, db_clock)
+    indices = [named.names.index(name) for name in used]
+    if len(indices) == 1:  # itemgetter of one index returns the item, not a tuple
+        index = indices[0]
+        return text, lambda params: (params[index],)
+    return text, operator.itemgetter(*indices)
+
+
+class Binder:
+    """A store's `positional` compilations, one per statement, made on first use."""
+
+    __slots__ = ("_compiled", "_db_clock", "_dialect", "_style")
+
+    def __init__(self, style: str, dialect: str, db_clock: bool) -> None:
+        self._style, self._dialect, self._db_clock = style, dialect, db_clock
+        self._compiled: dict[Named, tuple[str, Picker]] = {}
+
+    def __call__(self, named: Named, params: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        """`named` in the driver's text, and `params` in the driver's order."""
+        compiled = self._compiled.get(named)
+        if compiled is None:
+            compiled = positional(named, self._style, self._dialect, self._db_clock)
+            self._compiled[named] = compiled
+        return compiled[0], compiled[1](params)
 
 
 _STATE_COLUMNS = (
@@ -215,7 +254,9 @@ SLIDING_WINDOW = Named(
     f" allowed = CASE WHEN {_SW_ALLOWED} THEN 1 ELSE 0 END,"
     f" expires_at = {_EXPIRES}"
     " RETURNING value, prev_value, stamp, allowed, CAST(:now AS DOUBLE PRECISION)",
-)
+    ("bucket_key", "client_key", "window", "cost", "now", "ws", "weight", "limit", "horizon",
+     "expires"),
+)  # fmt: skip
 
 # Token bucket: refill by elapsed time, capped; take `cost` tokens if there are enough.
 _TB_REFILL = "LEAST(:capacity, quota_state.value + GREATEST(0.0, :now - quota_state.stamp) * :rate)"
@@ -229,7 +270,9 @@ TOKEN_BUCKET = Named(
     f" allowed = CASE WHEN {_TB_REFILL} >= :cost THEN 1 ELSE 0 END,"
     f" expires_at = {_EXPIRES}"
     " RETURNING value, allowed, CAST(:now AS DOUBLE PRECISION)",
-)
+    ("bucket_key", "client_key", "window", "cost", "now", "capacity", "rate", "horizon",
+     "expires"),
+)  # fmt: skip
 
 # GCRA: one theoretical arrival time per key.
 _GCRA_ARRIVAL = "(GREATEST(quota_state.value, :now) + :increment)"
@@ -245,7 +288,9 @@ GCRA = Named(
     f" allowed = CASE WHEN {_GCRA_ALLOWED} THEN 1 ELSE 0 END,"
     f" expires_at = {_EXPIRES}"
     " RETURNING value, allowed, CAST(:now AS DOUBLE PRECISION)",
-)
+    ("bucket_key", "client_key", "window", "cost", "now", "increment", "tolerance", "horizon",
+     "expires"),
+)  # fmt: skip
 
 #: The fixed window with the database clock: the bucket key is built in SQL
 #: from the database's time. Returns the count, window start and time used.
@@ -257,11 +302,15 @@ _HIT_DB = (
     " ON CONFLICT (bucket_key) DO UPDATE"
     " SET count = quota_counters.count + excluded.count, updated_at = excluded.updated_at"
 )
-HIT_DB_CLOCK = Named("fixed_window", _HIT_DB + " RETURNING count, window_start, updated_at")
+_HIT_DB_NAMES = ("client_key", "window", "cost", "now", "limit")
+HIT_DB_CLOCK = Named(
+    "fixed_window", _HIT_DB + " RETURNING count, window_start, updated_at", _HIT_DB_NAMES
+)
 HIT_DB_CLOCK_CAPPED = Named(
     "fixed_window_capped",
     _HIT_DB + " WHERE quota_counters.count + excluded.count <= :limit"
     " RETURNING count, window_start, updated_at",
+    _HIT_DB_NAMES,
 )
 
 #: Params: bucket_key.

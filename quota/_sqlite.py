@@ -76,6 +76,7 @@ class SQLiteStore:
         _check_sqlite_version()
         self.url = url
         self.db_clock = db_clock
+        self._bind = _sql.Binder("qmark", "sqlite", db_clock)
         self._path = path
         self._busy_timeout = busy_timeout
         self._local = threading.local()
@@ -108,6 +109,7 @@ class SQLiteStore:
         with self._lock:
             self._connections.append(conn)
         self._local.conn = conn
+        self._local.cursor = conn.cursor()
         return conn
 
     def _conn(self) -> sqlite3.Connection:
@@ -119,13 +121,14 @@ class SQLiteStore:
 
     def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         try:  # `_conn`, inlined: this runs once per decision
-            conn: sqlite3.Connection = self._local.conn
+            cursor: sqlite3.Cursor = self._local.cursor  # one per thread, reused
         except AttributeError:
-            conn = self._open()
+            self._open()
+            cursor = self._local.cursor
         if sql.__class__ is not str:
-            sql, params = _sql.bind(sql, params, "qmark", "sqlite", self.db_clock)  # type: ignore[arg-type]
+            sql, params = self._bind(sql, params)  # type: ignore[arg-type]
         try:
-            return conn.execute(sql, params).fetchall()
+            return cursor.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise wrap_error(exc, self.url) from exc
 
@@ -199,6 +202,7 @@ class AsyncSQLiteStore:
         _check_sqlite_version()
         self.url = url
         self.db_clock = db_clock
+        self._bind = _sql.Binder("qmark", "sqlite", db_clock)
         self._path = path
         self._busy_timeout = busy_timeout
         self._conn: aiosqlite.Connection | None = None
@@ -239,7 +243,7 @@ class AsyncSQLiteStore:
     async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         conn = self._conn or await self._start()
         if sql.__class__ is not str:
-            sql, params = _sql.bind(sql, params, "qmark", "sqlite", self.db_clock)  # type: ignore[arg-type]
+            sql, params = self._bind(sql, params)  # type: ignore[arg-type]
         assert self._lock is not None
         async with self._lock:
             try:
