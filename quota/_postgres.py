@@ -1,7 +1,7 @@
 """PostgreSQL stores: `asyncpg` for the async face, `psycopg` 3 for the sync one.
 
-Statements are prepared once per connection (asyncpg's statement cache;
-psycopg with ``prepare_threshold=0``) and run in autocommit, so a decision is
+Statements are prepared once per connection (asyncpg: prepared statements
+the store keeps per connection; psycopg with ``prepare_threshold=0``) and run in autocommit, so a decision is
 one round trip. psycopg is an optional extra: ``pip install 'quota[postgres]'``.
 """
 
@@ -62,6 +62,13 @@ def wrap_error(exc: BaseException, url: str) -> QuotaError:
     return StorageError(f"PostgreSQL error on {redact(url)}: {type(exc).__name__}: {exc}")
 
 
+#: What a prepared statement raises once the schema changed under it.
+_STALE_STATEMENT = (
+    asyncpg.exceptions.InvalidCachedStatementError,
+    asyncpg.exceptions.OutdatedSchemaCacheError,
+)
+
+
 class _Pool:
     """The smallest connection pool that does the job: idle connections on a stack.
 
@@ -85,6 +92,8 @@ class _Pool:
         self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
         self._open = 0
         self._all: set[asyncpg.Connection] = set()
+        #: Each open connection's prepared statements, by text (see `AsyncPostgresStore.execute`).
+        self.prepared: dict[asyncpg.Connection, dict[str, Any]] = {}
 
     async def acquire(self) -> asyncpg.Connection:
         if self._idle:
@@ -101,6 +110,7 @@ class _Pool:
                     self._wake(None)
                     raise
                 self._all.add(conn)
+                self.prepared[conn] = {}
                 return conn
             waiter: asyncio.Future[asyncpg.Connection | None] = (
                 asyncio.get_running_loop().create_future()
@@ -123,6 +133,7 @@ class _Pool:
     def release(self, conn: asyncpg.Connection) -> None:
         if conn.is_closed():
             self._all.discard(conn)
+            self.prepared.pop(conn, None)
             self._open -= 1
             self._wake(None)
         elif not self._wake(conn):
@@ -139,6 +150,7 @@ class _Pool:
     async def close(self) -> None:
         conns, self._all, self._idle = list(self._all), set(), []
         self._open = 0
+        self.prepared = {}
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
 
 
@@ -217,7 +229,20 @@ class AsyncPostgresStore:
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)
         try:
-            return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
+            # A prepared statement of our own per connection and text: asyncpg's
+            # `fetch(text)` path (statement cache, timers) costs ~5 µs of client
+            # CPU a call more, a tenth of a decision.
+            prepared = pool.prepared[conn]
+            statement = prepared.get(sql)
+            if statement is None:
+                statement = prepared[sql] = await conn.prepare(sql)
+            try:
+                return await statement.fetch(*params)  # type: ignore[no-any-return]
+            except _STALE_STATEMENT:
+                # The schema changed under the statement (a migration): drop
+                # it; asyncpg's own path prepares afresh and retries.
+                prepared.pop(sql, None)
+                return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
         finally:

@@ -316,3 +316,29 @@ def test_the_command_a_schema_error_names_fixes_the_database(tmp_path: Path, hea
 
     assert result.exit_code == 0, result.output
     assert quota.current_revision(url) == head
+
+
+@pytest.mark.postgres
+def test_the_async_postgres_store_survives_a_schema_change_under_its_prepared_statements(
+    pg_make_database: Callable[[], str],
+) -> None:
+    """The store keeps prepared statements per connection; a migration that changes a
+    result type invalidates them, and the next call prepares afresh instead of failing."""
+    import asyncio
+
+    import psycopg
+
+    url = pg_make_database()
+    quota.migrate(url)
+
+    async def scenario() -> list[int]:
+        async with quota.connect_async(url, pool_size=1) as limiter:
+            first = await limiter.rate_limit("k", 10, 3600)
+            with psycopg.connect(url, autocommit=True) as conn:
+                # RETURNING count changes from bigint to integer: the plan is stale.
+                conn.execute("ALTER TABLE quota_counters ALTER COLUMN count TYPE integer")
+            second = await limiter.rate_limit("k", 10, 3600)
+            third = await limiter.rate_limit("k", 10, 3600)
+            return [first.count, second.count, third.count]
+
+    assert asyncio.run(scenario()) == [1, 2, 3]
