@@ -24,6 +24,7 @@ import pytest
 
 import quota
 from quota import _sql
+from quota._core import stored_key as quota_stored_key
 from quota._batch import BATCH_HIT, AsyncBatchingStore, batch_params, split_counts
 from quota._store import Rows, Statement
 from tests import _batch_workers, _workers
@@ -42,15 +43,14 @@ def _hit(key: str, cost: int = 1, now: float = 100.0) -> tuple[Any, ...]:
 def test_batch_params_sum_costs_per_key_and_sort_the_keys() -> None:
     hits = [_hit("b", 2), _hit("a", 1, now=101.0), _hit("b", 3, now=99.0), _hit("c", 1)]
 
-    keys, clients, starts, windows, costs, nows = batch_params("postgresql", hits)
+    latest, keys, costs = batch_params("postgresql", hits)
 
     assert keys == ["60:60:k:a", "60:60:k:b", "60:60:k:c"]
-    assert clients == ["k:a", "k:b", "k:c"]
-    assert (starts, windows) == ([60, 60, 60], [60, 60, 60])
     assert costs == [1, 5, 1]
-    assert nows == [101.0, 100.0, 100.0]  # the latest hit's time per key
+    assert latest == 101.0  # the batch's latest hit time, every row's updated_at
     (payload,) = batch_params("sqlite", hits)
     assert [row[0] for row in json.loads(payload)] == keys
+    assert [row[4] for row in json.loads(payload)] == costs
 
 
 def test_each_hit_gets_its_prefix_sum_of_the_keys_total() -> None:
@@ -434,6 +434,32 @@ def test_count_denied_false_goes_one_by_one_and_stays_capped(async_backend: Back
     assert backend.peek(KEY, 10, 60).count == 10
 
 
+def test_a_batch_writes_the_same_rows_as_one_by_one_hits(async_backend: Backend) -> None:
+    """Client key, window start and length are what the one-by-one statement writes,
+    read back out of the bucket key even when the key itself holds colons."""
+    limiter, spy = _batched(async_backend)
+    keys = ["a:b:c", "plain", "::", "x" * 300]  # the last is stored hashed
+
+    async def main() -> None:
+        await asyncio.gather(
+            *(limiter.rate_limit(key, 100, window) for key in keys for window in (60, 3600)
+              for _ in range(3))
+        )  # fmt: skip
+
+    async_backend.run(main())
+
+    assert spy.batch_statements >= 1
+    rows = _select(
+        async_backend.url,
+        "SELECT bucket_key, client_key, window_start, window_seconds, count FROM quota_counters",
+    )
+    assert len(rows) == 8
+    for bucket_key, client_key, start, window, count in rows:
+        assert bucket_key == f"{window}:{start}:{client_key}"
+        assert start % window == 0 and count == 3
+    assert {client for _, client, *_ in rows} == {quota_stored_key(key) for key in keys}
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def throwaway_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated database of its own (its counters table is about to be dropped)."""
@@ -444,6 +470,16 @@ def throwaway_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         url = make()
     quota.migrate(url)
     return url
+
+
+def _select(url: str, sql: str) -> list[tuple[Any, ...]]:
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            return list(conn.execute(sql))
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return list(conn.execute(sql))
 
 
 def _drop_counters(url: str) -> None:
