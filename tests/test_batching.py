@@ -24,8 +24,8 @@ import pytest
 
 import quota
 from quota import _sql
-from quota._core import stored_key as quota_stored_key
 from quota._batch import BATCH_HIT, AsyncBatchingStore, batch_params, split_counts
+from quota._core import stored_key as quota_stored_key
 from quota._store import Rows, Statement
 from tests import _batch_workers, _workers
 from tests._support import Backend, Clock
