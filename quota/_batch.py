@@ -52,6 +52,9 @@ T = TypeVar("T")
 #: Default most hits in one batch statement.
 DEFAULT_MAX_BATCH = 1000
 
+#: With an inline store: statements one caller may send alone in one loop turn.
+LONE_RUNS_PER_TURN = 32
+
 _COLUMNS = (
     "INSERT INTO quota_counters"
     " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
@@ -146,11 +149,36 @@ class AsyncBatchingStore:
         self._in_flight = 0
         self._queue: deque[tuple[Hit, asyncio.Future[Rows]]] = deque()
         self._flushes: set[asyncio.Task[None]] = set()
+        # A store whose statements finish without yielding (the async SQLite
+        # store runs them inline) is never seen "in flight" by the next
+        # caller. For it, a statement marks the rest of this loop turn busy:
+        # callers arriving in the same turn queue, and go out together.
+        # A caller that goes on alone (nobody else has run meanwhile) may send
+        # a few more statements of its own in the same turn: a lone sequential
+        # caller pays no wait, and still yields to the others now and then.
+        self._inline = bool(getattr(store, "inline", False))
+        self._turn_busy = False
+        self._turn_owner: asyncio.Task[Any] | None = None
+        self._turn_runs = 0
+        self._next_scheduled = False
 
     async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         if sql is not _sql.HIT:
             return await self.store.execute(sql, params)
-        if self._in_flight < self.slots and not self._queue:
+        if (
+            self._in_flight < self.slots
+            and not self._queue
+            and (not self._turn_busy or self._may_go_on())
+        ):
+            if self._inline:  # done now, without yielding, if the file is free
+                try:
+                    rows = self.store.try_inline(sql, params)  # type: ignore[attr-defined]
+                except Exception:
+                    self._mark_turn(True)
+                    raise
+                if rows is not None:
+                    self._mark_turn(True)
+                    return rows  # type: ignore[no-any-return]
             self._in_flight += 1
             try:
                 return await self.store.execute(sql, params)
@@ -158,19 +186,52 @@ class AsyncBatchingStore:
                 self._done(contended=False)
         waiter: asyncio.Future[Rows] = asyncio.get_running_loop().create_future()
         self._queue.append((params, waiter))  # type: ignore[arg-type]
+        if self._in_flight < self.slots and not self._next_scheduled:
+            # Busy only because of this turn: nothing in flight will send the queue.
+            self._in_flight += 1
+            self._schedule_next()
         return await waiter
 
-    def _done(self, *, contended: bool) -> None:
-        """A statement came back: its slot sends the queue, or goes free."""
+    def _schedule_next(self) -> None:
+        self._next_scheduled = True
+        asyncio.get_running_loop().call_soon(self._next)
+
+    def _may_go_on(self) -> bool:
+        return self._turn_runs < LONE_RUNS_PER_TURN and self._turn_owner is asyncio.current_task()
+
+    def _done(self, *, contended: bool, lone: bool = True) -> None:
+        """A statement came back: its slot sends the queue, or goes free.
+
+        `lone`: a caller's own statement, or a batch of one (no sign of company).
+        """
+        if self._inline and (lone or contended):
+            self._mark_turn(lone)
         if contended or self._queue:
             # Let the callers just woken come back first, so they ride the
             # next batch instead of each starting a statement of their own.
-            asyncio.get_running_loop().call_soon(self._next)
+            self._schedule_next()
         else:
             self._in_flight -= 1
 
+    def _mark_turn(self, lone: bool) -> None:
+        """An inline statement finished: callers of the rest of this turn queue (see above)."""
+        task = asyncio.current_task() if lone else None
+        if not self._turn_busy:
+            self._turn_busy = True
+            asyncio.get_running_loop().call_soon(self._end_turn)
+            self._turn_owner, self._turn_runs = task, 1
+        elif task is not None and self._turn_owner is task:
+            self._turn_runs += 1
+        else:
+            self._turn_owner = None
+
+    def _end_turn(self) -> None:
+        self._turn_busy = False
+        self._turn_owner = None
+
     def _next(self) -> None:
         """Send the queue on the slot just freed (and on any other free one), or free the slot."""
+        self._next_scheduled = False
         queue = self._queue
         while True:
             batch: list[tuple[Hit, asyncio.Future[Rows]]] = []
@@ -212,7 +273,7 @@ class AsyncBatchingStore:
                 if not waiter.done():
                     waiter.set_result(result)
         finally:
-            self._done(contended=len(batch) > 1)
+            self._done(contended=len(batch) > 1, lone=False)
 
     async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
         return await self.store.run(op, transaction=transaction)

@@ -307,13 +307,26 @@ class _Spy:
         self.batch_statements = 0
         self._execute = store.execute
         store.execute = self.execute
+        # The async SQLite store also runs statements at once, on the loop.
+        self._try_inline = getattr(store, "try_inline", None)
+        if self._try_inline is not None:
+            store.try_inline = self.try_inline
 
-    def execute(self, sql: Any, params: Sequence[Any] | Mapping[str, Any]) -> Any:
+    def _count(self, sql: Any) -> None:
         if sql is _sql.HIT:
             self.hit_statements += 1
         elif sql in BATCH_HIT.values():
             self.batch_statements += 1
+
+    def execute(self, sql: Any, params: Sequence[Any] | Mapping[str, Any]) -> Any:
+        self._count(sql)
         return self._execute(sql, params)
+
+    def try_inline(self, sql: Any, params: Sequence[Any]) -> Any:
+        rows = self._try_inline(sql, params)  # type: ignore[misc]
+        if rows is not None:
+            self._count(sql)
+        return rows
 
 
 def _face(name: str) -> Any:

@@ -1,0 +1,120 @@
+"""The async SQLite store runs statements on the event loop when the file is free,
+hands them to its worker thread when another writer holds it, and checkpoints the
+WAL off the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from collections.abc import Coroutine
+from typing import Any
+
+import quota
+from quota import _sqlite
+
+
+def _completes_without_suspending(coro: Coroutine[Any, Any, Any]) -> Any:
+    """The coroutine's result if it finishes at its first step; AssertionError otherwise."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise AssertionError("the call suspended: it left the event loop's thread")
+
+
+def test_a_decision_on_a_free_file_never_leaves_the_loop(sqlite_url: str) -> None:
+    async def main() -> list[int]:
+        async with quota.connect_async(sqlite_url) as limiter:
+            await limiter.rate_limit("warm", 10, 60)  # opens the store
+            counts = []
+            for _ in range(3):
+                decision = _completes_without_suspending(limiter.rate_limit("k", 10, 60))
+                counts.append(decision.count)
+            return counts
+
+    assert asyncio.run(main()) == [1, 2, 3]
+
+
+def test_a_locked_file_sends_the_statement_to_the_worker_and_the_loop_keeps_running(
+    sqlite_url: str,
+) -> None:
+    path = sqlite_url.removeprefix("sqlite:///")
+
+    async def main() -> tuple[int, int, int]:
+        async with quota.connect_async(sqlite_url, timeout=10.0) as limiter:
+            await limiter.rate_limit("k", 10, 60)
+            blocker = sqlite3.connect(path, isolation_level=None)
+            blocker.execute("BEGIN IMMEDIATE")  # another writer holds the file
+            ticks = 0
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.001)
+
+            tick_task = asyncio.create_task(ticker())
+            pending = asyncio.create_task(limiter.rate_limit("k", 10, 60))
+            await asyncio.sleep(0.2)
+            ticks_while_locked = ticks
+            done_while_locked = pending.done()
+            blocker.execute("COMMIT")
+            blocker.close()
+            decision = await pending
+            tick_task.cancel()
+            return ticks_while_locked, int(done_while_locked), decision.count
+
+    ticks, done_while_locked, count = asyncio.run(main())
+
+    assert done_while_locked == 0  # it waited for the lock...
+    assert ticks > 20  # ...without stopping the loop
+    assert count == 2  # and counted once, after the lock was released
+
+
+def test_a_locked_file_is_waited_for_in_batching_mode_too(sqlite_url: str) -> None:
+    path = sqlite_url.removeprefix("sqlite:///")
+
+    async def main() -> list[int]:
+        async with quota.connect_async(sqlite_url, batching=True, timeout=10.0) as limiter:
+            await limiter.rate_limit("warm", 10, 60)
+            blocker = sqlite3.connect(path, isolation_level=None)
+            blocker.execute("BEGIN IMMEDIATE")
+            calls = asyncio.gather(*(limiter.rate_limit("k", 100, 60) for _ in range(20)))
+            await asyncio.sleep(0.1)
+            blocker.execute("ROLLBACK")
+            blocker.close()
+            return sorted(decision.count for decision in await calls)
+
+    assert asyncio.run(main()) == list(range(1, 21))
+
+
+def test_the_wal_is_checkpointed_off_the_loop(sqlite_url: str, monkeypatch: Any) -> None:
+    """The inline connection never checkpoints itself; without the store's own
+    checkpoints the WAL would grow by every write (here to over 30 MB)."""
+    monkeypatch.setattr(_sqlite, "INLINE_CHECKPOINT_EVERY", 50)
+    monkeypatch.setattr(_sqlite, "WAL_CHECKPOINT_BYTES", 1_000_000)
+    path = sqlite_url.removeprefix("sqlite:///")
+    checkpoints = 0
+    original = _sqlite.AsyncSQLiteStore._checkpoint_wal
+
+    async def counting(self: Any) -> None:
+        nonlocal checkpoints
+        checkpoints += 1
+        await original(self)
+
+    monkeypatch.setattr(_sqlite.AsyncSQLiteStore, "_checkpoint_wal", counting)
+
+    async def main() -> int:
+        async with quota.connect_async(sqlite_url) as limiter:
+            for i in range(3000):
+                await limiter.rate_limit(f"key-{i}", 10, 60)
+                if i % 100 == 0:
+                    await asyncio.sleep(0.001)  # let a checkpoint run
+            return os.path.getsize(path + "-wal")
+
+    wal_bytes = asyncio.run(main())
+
+    assert checkpoints >= 5
+    assert wal_bytes < 3_000_000
