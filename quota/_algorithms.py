@@ -120,6 +120,15 @@ class Rate:
         return float(self.refill_per_second or self.limit / self.window)
 
     @functools.cached_property
+    def _state_prefix(self) -> str:
+        """The start of this rate's state keys (see `state_key`)."""
+        return f"{PREFIX[self.algorithm]}:{self.window}:" if self.algorithm in PREFIX else ""
+
+    @functools.cached_property
+    def _float_limit(self) -> float:
+        return float(self.limit)
+
+    @functools.cached_property
     def _gcra(self) -> tuple[float, float]:
         """GCRA's emission interval, and its tolerance (see `gcra_params`)."""
         interval = self.window / self.limit
@@ -314,14 +323,14 @@ def statement(
     if algorithm == FIXED_WINDOW:
         named = _sql.HIT_DB_CLOCK if count_denied else _sql.HIT_DB_CLOCK_CAPPED
         return named, (stored_key, window, cost, now, rate.limit)
-    bucket_key = f"{PREFIX[algorithm]}:{window}:{stored_key}"  # state_key, inlined
+    bucket_key = rate._state_prefix + stored_key  # state_key, inlined
     if algorithm == SLIDING_WINDOW:
         second = int(now)
         ws = float(second - second % window)  # window_start, inlined
         horizon = 2.0 * window
         return _sql.SLIDING_WINDOW, (
             bucket_key, stored_key, window, float(cost), now, ws, (window - (now - ws)) / window,
-            float(rate.limit), horizon,
+            rate._float_limit, horizon,
             float((int(now + horizon) // EXPIRY_GRANULARITY + 1) * EXPIRY_GRANULARITY),  # expiry
         )  # fmt: skip
     if algorithm == TOKEN_BUCKET:
@@ -397,8 +406,9 @@ def decide_rows(
     algorithm = rate.algorithm
     row = rows[0] if rows else None
     if algorithm == SLIDING_WINDOW:
-        state = (float(row[0]), float(row[1]), float(row[2]))  # type: ignore[index]
-        return sliding_decision(key, rate, cost, float(row[4]), state, bool(row[3]))  # type: ignore[index]
+        # Every store returns these columns as floats (and `allowed` as 0/1) already.
+        state = (row[0], row[1], row[2])  # type: ignore[index]
+        return sliding_decision(key, rate, cost, row[4], state, row[3])  # type: ignore[index]
     if algorithm == TOKEN_BUCKET:
         return bucket_decision(key, rate, cost, float(row[2]), float(row[0]), bool(row[1]))  # type: ignore[index]
     if algorithm == GCRA:
