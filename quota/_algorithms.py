@@ -404,16 +404,19 @@ def decide_rows(
     a capped fixed window denied and so returned no row.
     """
     algorithm = rate.algorithm
-    row = rows[0] if rows else None
+    row: Sequence[Any] = rows[0] if rows else ()
+    # SQL stores on the app clock leave the time out of the row (`_sql.RETURN_NOW`).
     if algorithm == SLIDING_WINDOW:
         # Every store returns these columns as floats (and `allowed` as 0/1) already.
-        state = (row[0], row[1], row[2])  # type: ignore[index]
-        return sliding_decision(key, rate, cost, row[4], state, row[3])  # type: ignore[index]
+        when = row[4] if len(row) > 4 else now
+        return sliding_decision(key, rate, cost, when, (row[0], row[1], row[2]), row[3])
     if algorithm == TOKEN_BUCKET:
-        return bucket_decision(key, rate, cost, float(row[2]), float(row[0]), bool(row[1]))  # type: ignore[index]
+        when = row[2] if len(row) > 2 else now
+        return bucket_decision(key, rate, cost, when, float(row[0]), bool(row[1]))
     if algorithm == GCRA:
-        return gcra_decision(key, rate, cost, float(row[2]), float(row[0]), bool(row[1]))  # type: ignore[index]
-    if row is None or len(row) == 1:  # the positional statement, or a capped denial
+        when = row[2] if len(row) > 2 else now
+        return gcra_decision(key, rate, cost, when, float(row[0]), bool(row[1]))
+    if len(row) <= 1:  # the positional statement, or a capped denial (no row)
         start = int(window_start(now, rate.window))
         return decide(key, rate.limit, rate.window, start, now, row[0] if row else None)
     count, start, now = row

@@ -14,6 +14,11 @@ How a hit travels:
   processes' batches lock rows in the same order, so they cannot deadlock),
   one ``INSERT … SELECT … ON CONFLICT DO UPDATE SET count = count + excluded.count
   RETURNING bucket_key, count``.
+* **Inline stores** (the async SQLite store runs a statement on the event
+  loop when the file is free): such a statement is never seen in flight, so
+  a statement marks the rest of its loop turn busy instead; calls of other
+  tasks in that turn queue and go out together when the turn ends. The
+  caller that ran alone may go on alone for `LONE_RUNS_PER_TURN` calls.
 * **Exact counts**: a key's hits of costs c1..cn (in arrival order) whose
   total came back as C hand caller i the count ``C - (c(i+1) + … + cn)``:
   the count it would have seen had the hits run one by one in that order.

@@ -163,6 +163,8 @@ def compile_named(
     """
     if dialect == "sqlite":
         text = text.replace("GREATEST(", "max(").replace("LEAST(", "min(")
+    if not db_clock and text.endswith(RETURN_NOW):
+        text = text.removesuffix(RETURN_NOW)
     if db_clock:
         whole = _WHOLE_NOW[dialect]
         for name, expression in _DERIVED:
@@ -226,6 +228,12 @@ class Binder:
         return compiled[0], compiled[1](params)
 
 
+#: The algorithms' statements end by returning the time they decided at: the
+#: database's with ``clock="database"``. With the app clock the caller knows
+#: it already, so `compile_named` leaves it out (a column and, for the
+#: sliding window, a parameter less).
+RETURN_NOW = ", CAST(:now AS DOUBLE PRECISION)"
+
 _STATE_COLUMNS = (
     "INSERT INTO quota_state"
     " (bucket_key, client_key, window_seconds, value, prev_value, stamp, allowed, expires_at)"
@@ -253,7 +261,7 @@ SLIDING_WINDOW = Named(
     " stamp = GREATEST(quota_state.stamp, :ws),"
     f" allowed = CASE WHEN {_SW_ALLOWED} THEN 1 ELSE 0 END,"
     f" expires_at = {_EXPIRES}"
-    " RETURNING value, prev_value, stamp, allowed, CAST(:now AS DOUBLE PRECISION)",
+    " RETURNING value, prev_value, stamp, allowed" + RETURN_NOW,
     ("bucket_key", "client_key", "window", "cost", "now", "ws", "weight", "limit", "horizon",
      "expires"),
 )  # fmt: skip
@@ -269,7 +277,7 @@ TOKEN_BUCKET = Named(
     " stamp = GREATEST(quota_state.stamp, :now),"
     f" allowed = CASE WHEN {_TB_REFILL} >= :cost THEN 1 ELSE 0 END,"
     f" expires_at = {_EXPIRES}"
-    " RETURNING value, allowed, CAST(:now AS DOUBLE PRECISION)",
+    " RETURNING value, allowed" + RETURN_NOW,
     ("bucket_key", "client_key", "window", "cost", "now", "capacity", "rate", "horizon",
      "expires"),
 )  # fmt: skip
@@ -287,7 +295,7 @@ GCRA = Named(
     f" value = CASE WHEN {_GCRA_ALLOWED} THEN {_GCRA_ARRIVAL} ELSE quota_state.value END,"
     f" allowed = CASE WHEN {_GCRA_ALLOWED} THEN 1 ELSE 0 END,"
     f" expires_at = {_EXPIRES}"
-    " RETURNING value, allowed, CAST(:now AS DOUBLE PRECISION)",
+    " RETURNING value, allowed" + RETURN_NOW,
     ("bucket_key", "client_key", "window", "cost", "now", "increment", "tolerance", "horizon",
      "expires"),
 )  # fmt: skip
