@@ -215,7 +215,8 @@ class AsyncSQLiteStore:
     timeout off the loop. Multi-statement transactions (`run`) always go to
     the worker, one at a time. The inline connection never checkpoints on the
     loop (that would fsync there); the worker checkpoints the WAL once it
-    outgrows `WAL_CHECKPOINT_BYTES`.
+    outgrows `WAL_CHECKPOINT_BYTES`, this store's statements queuing on the
+    worker meanwhile.
     """
 
     #: Statements finish without yielding to the loop when the file is free;
@@ -239,6 +240,7 @@ class AsyncSQLiteStore:
         self._inline_thread = 0
         self._inline_count = 0
         self._checkpoint: asyncio.Task[None] | None = None
+        self._checkpointing = False
 
     async def _open(self) -> aiosqlite.Connection:
         try:
@@ -298,7 +300,7 @@ class AsyncSQLiteStore:
         thread, or when another writer holds the file (nothing was changed).
         """
         inline = self._inline
-        if inline is None or threading.get_ident() != self._inline_thread:
+        if inline is None or self._checkpointing or threading.get_ident() != self._inline_thread:
             return None
         try:
             rows = inline.execute(sql, params).fetchall()
@@ -337,20 +339,25 @@ class AsyncSQLiteStore:
             self._checkpoint = asyncio.get_running_loop().create_task(self._checkpoint_wal())
 
     async def _checkpoint_wal(self) -> None:
-        """Copy the WAL into the database and empty it, on the worker.
+        """Copy the WAL back into the database, on the worker, with this store's writes paused.
 
-        TRUNCATE waits (busy timeout) for the writer lock and holds it while it
-        copies, so the WAL is surely emptied even under a steady stream of
-        writes; inline statements meanwhile find the file busy and queue on
-        the worker behind it. A PASSIVE checkpoint racing those writes would
-        never catch up, and the WAL would grow without bound.
+        PASSIVE never waits for anyone (a long reader elsewhere only leaves
+        part of the WAL for next time), but it can only finish if no write of
+        ours lands meanwhile: while it runs, statements go to the worker and
+        queue behind it instead of running inline. Once it has copied every
+        frame, the next write starts the WAL over from its beginning.
         """
         conn = self._conn
-        if conn is None:
+        if conn is None or self._lock is None:
             return
-        # Closed meanwhile, or busy past the timeout: the next one will do.
-        with contextlib.suppress(sqlite3.Error, ValueError):
-            await conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._checkpointing = True
+        try:
+            async with self._lock:
+                # Closed meanwhile, or failed: the next one will do.
+                with contextlib.suppress(sqlite3.Error, ValueError):
+                    await conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            self._checkpointing = False
 
     async def _start(self) -> aiosqlite.Connection:
         if self._lock is None:

@@ -118,3 +118,40 @@ def test_the_wal_is_checkpointed_off_the_loop(sqlite_url: str, monkeypatch: Any)
 
     assert checkpoints >= 5
     assert wal_bytes < 3_000_000
+
+
+def test_a_long_reader_elsewhere_never_stalls_decisions_behind_a_checkpoint(
+    sqlite_url: str, monkeypatch: Any
+) -> None:
+    """The checkpoint is PASSIVE: with another connection holding an old snapshot it
+    copies what it can and returns. A checkpoint that waited for readers (FULL,
+    RESTART, TRUNCATE) would hold every writer for the whole busy timeout."""
+    monkeypatch.setattr(_sqlite, "INLINE_CHECKPOINT_EVERY", 50)
+    monkeypatch.setattr(_sqlite, "WAL_CHECKPOINT_BYTES", 200_000)
+    path = sqlite_url.removeprefix("sqlite:///")
+
+    async def main() -> tuple[float, int]:
+        async with quota.connect_async(sqlite_url, timeout=2.0) as limiter:
+            await limiter.rate_limit("warm", 10, 60)
+            reader = sqlite3.connect(path, isolation_level=None)
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM quota_counters").fetchall()  # holds a snapshot
+            slowest = 0.0
+            loop = asyncio.get_running_loop()
+            try:
+                for i in range(2000):
+                    started = loop.time()
+                    await limiter.rate_limit(f"key-{i}", 10, 60)
+                    slowest = max(slowest, loop.time() - started)
+                    if i % 100 == 0:
+                        await asyncio.sleep(0.001)  # let checkpoints run
+            finally:
+                reader.execute("COMMIT")
+                reader.close()
+            peek = await limiter.peek("key-1999", 10, 60)
+            return slowest, peek.count
+
+    slowest, count = asyncio.run(main())
+
+    assert count == 1
+    assert slowest < 1.0  # a checkpoint waiting on the reader would take the 2 s timeout
