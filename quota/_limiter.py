@@ -50,7 +50,6 @@ from quota._resilience import (
     StoreDown,
     retry_after_down,
 )
-from quota._sql import Named
 from quota._store import AsyncStore, SyncStore
 from quota._url import StoreURL, parse_url
 
@@ -258,14 +257,9 @@ class Limiter:
         if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
             rate.check_cost(cost)
         now = self._clock()
-        sql: str | Named
-        params: Sequence[Any]
-        if self._fast and rate.algorithm != FIXED_WINDOW:  # `plan`, inlined
-            sql, params = _algorithms.statement(stored_key(key), rate, cost, now)
-        else:
-            sql, params = _algorithms.plan(
-                key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
-            )
+        sql, params = _algorithms.plan(
+            key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
+        )
         strict = fail_closed and self._fallback is not None
         try:
             rows = (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
@@ -512,14 +506,9 @@ class AsyncLimiter:
         if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
             rate.check_cost(cost)
         now = self._clock()
-        sql: str | Named
-        params: Sequence[Any]
-        if self._fast and rate.algorithm != FIXED_WINDOW:  # `plan`, inlined
-            sql, params = _algorithms.statement(stored_key(key), rate, cost, now)
-        else:
-            sql, params = _algorithms.plan(
-                key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
-            )
+        sql, params = _algorithms.plan(
+            key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
+        )
         strict = fail_closed and self._fallback is not None
         try:
             rows = await (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]

@@ -136,6 +136,21 @@ def maintain(now: float, cutoff: int) -> Generator[Statement, Rows, int]:
     # A DDL statement waiting for the parent's lock queues every hit behind
     # it: give up after a moment instead (the next cleanup tries again).
     yield "SET lock_timeout = '2s'", ()
+    # Each DDL statement holds the parent's lock until its commit returns:
+    # don't make every hit wait for a WAL flush too. A crash can only undo
+    # the last partitions created or dropped, which the next cleanup redoes.
+    yield "SET synchronous_commit = off", ()
+    try:
+        dropped = yield from _create_and_drop(ranges, existing, logged, now, cutoff)
+    finally:  # the connection goes back to its pool: no setting may stay behind
+        yield "RESET synchronous_commit", ()
+        yield "RESET lock_timeout", ()
+    return dropped
+
+
+def _create_and_drop(
+    ranges: list[tuple[str, int, int]], existing: set[int], logged: bool, now: float, cutoff: int
+) -> Generator[Statement, Rows, int]:
     for start in starts_between(now, now + AHEAD):
         if start not in existing:
             yield create_partition_sql(start, logged), ()
@@ -162,5 +177,4 @@ def maintain(now: float, cutoff: int) -> Generator[Statement, Rows, int]:
         rows = yield f"SELECT count(*) FROM {table}", ()
         yield f"DROP TABLE {table}", ()
         dropped += int(rows[0][0]) - len(moved)
-    yield "RESET lock_timeout", ()
     return dropped

@@ -171,3 +171,36 @@ def test_two_cleanups_in_two_processes_share_no_work(pg_clean_url: str) -> None:
 
     with psycopg.connect(pg_clean_url) as conn:
         assert conn.execute("SELECT count(*) FROM quota_counters").fetchone() == (0,)
+
+
+def test_partition_maintenance_resets_its_session_settings_even_when_a_statement_fails() -> None:
+    """Cleanup's DDL runs with ``synchronous_commit = off`` and a lock timeout on a
+    pooled connection: a failing DETACH must not leave either behind (a durable
+    quota transaction on that connection would then commit without waiting)."""
+    from quota import _partitions
+    from quota._store import drive
+
+    now = 1_750_003_200 + 5 * _partitions.PARTITION_SECONDS
+    old = 1_750_003_200
+    sent: list[str] = []
+
+    def execute(sql: str, params: object) -> list[tuple[object, ...]]:
+        sent.append(sql)
+        if sql == _partitions.IS_PARTITIONED:
+            return [(1,)]
+        if sql == _partitions.LIST_PARTITIONS:
+            return [
+                ("quota_counters_default", "DEFAULT", "u"),
+                (f"quota_counters_p{old}", f"FOR VALUES FROM ('{old}') TO ('{old + 3600}')", "u"),
+            ]
+        if sql.startswith("SELECT max("):
+            return [(None,)]
+        if "DETACH PARTITION" in sql:
+            raise RuntimeError("lock timeout")
+        return []
+
+    with pytest.raises(RuntimeError, match="lock timeout"):
+        drive(_partitions.maintain(now, cutoff=now), execute)
+
+    assert "SET synchronous_commit = off" in sent
+    assert sent[-2:] == ["RESET synchronous_commit", "RESET lock_timeout"]
