@@ -241,6 +241,7 @@ class AsyncSQLiteStore:
         self._inline_count = 0
         self._checkpoint: asyncio.Task[None] | None = None
         self._checkpointing = False
+        self._checkpoint_asked = 0
 
     async def _open(self) -> aiosqlite.Connection:
         try:
@@ -329,14 +330,23 @@ class AsyncSQLiteStore:
                 raise wrap_error(exc, self.url) from exc
 
     def _maybe_checkpoint(self) -> None:
-        if self._checkpoint is not None and not self._checkpoint.done():
-            return
         try:
             size = os.stat(self._path + "-wal").st_size
         except OSError:
             return
-        if size >= WAL_CHECKPOINT_BYTES:
+        if size < WAL_CHECKPOINT_BYTES:
+            return
+        if self._checkpoint is None or self._checkpoint.done():
             self._checkpoint = asyncio.get_running_loop().create_task(self._checkpoint_wal())
+            self._checkpoint_asked = self._inline_count
+        elif self._inline_count - self._checkpoint_asked >= 4 * INLINE_CHECKPOINT_EVERY:
+            # Asked for long ago and not started: the loop has not turned since
+            # (a task deciding in a tight loop). Checkpoint here rather than let
+            # the WAL grow; this task holds the loop anyway.
+            assert self._inline is not None
+            with contextlib.suppress(sqlite3.Error):
+                self._inline.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self._checkpoint_asked = self._inline_count
 
     async def _checkpoint_wal(self) -> None:
         """Copy the WAL back into the database, on the worker, with this store's writes paused.

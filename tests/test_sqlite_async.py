@@ -155,3 +155,22 @@ def test_a_long_reader_elsewhere_never_stalls_decisions_behind_a_checkpoint(
 
     assert count == 1
     assert slowest < 1.0  # a checkpoint waiting on the reader would take the 2 s timeout
+
+
+def test_a_task_deciding_in_a_tight_loop_still_keeps_the_wal_bounded(
+    sqlite_url: str, monkeypatch: Any
+) -> None:
+    """Decisions on a free file never yield, so a task that only decides never lets
+    the worker's checkpoint start: the store then checkpoints on the loop itself."""
+    monkeypatch.setattr(_sqlite, "INLINE_CHECKPOINT_EVERY", 50)
+    monkeypatch.setattr(_sqlite, "WAL_CHECKPOINT_BYTES", 200_000)
+    path = sqlite_url.removeprefix("sqlite:///")
+
+    async def main() -> int:
+        async with quota.connect_async(sqlite_url) as limiter:
+            await limiter.rate_limit("warm", 10, 60)
+            for i in range(3000):  # never awaits anything that suspends
+                _completes_without_suspending(limiter.rate_limit(f"key-{i}", 10, 60))
+            return os.path.getsize(path + "-wal")
+
+    assert asyncio.run(main()) < 5_000_000  # over 30 MB without the inline checkpoint
