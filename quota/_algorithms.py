@@ -122,7 +122,7 @@ class Rate:
     @functools.cached_property
     def _state_prefix(self) -> str:
         """The start of this rate's state keys (see `state_key`)."""
-        return f"{PREFIX[self.algorithm]}:{self.window}:" if self.algorithm in PREFIX else ""
+        return state_key(self.algorithm, self.window, "") if self.algorithm in PREFIX else ""
 
     @functools.cached_property
     def _float_limit(self) -> float:
@@ -330,8 +330,7 @@ def statement(
         horizon = 2.0 * window
         return _sql.SLIDING_WINDOW, (
             bucket_key, stored_key, window, float(cost), now, ws, (window - (now - ws)) / window,
-            rate._float_limit, horizon,
-            float((int(now + horizon) // EXPIRY_GRANULARITY + 1) * EXPIRY_GRANULARITY),  # expiry
+            rate._float_limit, horizon, expiry(now, horizon),
         )  # fmt: skip
     if algorithm == TOKEN_BUCKET:
         capacity, per_second = rate.capacity, rate.rate

@@ -161,7 +161,7 @@ class AsyncBatchingStore:
         # A caller that goes on alone (nobody else has run meanwhile) may send
         # a few more statements of its own in the same turn: a lone sequential
         # caller pays no wait, and still yields to the others now and then.
-        self._inline = bool(getattr(store, "inline", False))
+        self._inline = hasattr(store, "try_inline")
         self._turn_busy = False
         self._turn_owner: asyncio.Task[Any] | None = None
         self._turn_runs = 0
@@ -188,7 +188,7 @@ class AsyncBatchingStore:
             try:
                 return await self.store.execute(sql, params)
             finally:
-                self._done(contended=False)
+                self._done(contended=False, lone=True)
         waiter: asyncio.Future[Rows] = asyncio.get_running_loop().create_future()
         self._queue.append((params, waiter))  # type: ignore[arg-type]
         if self._in_flight < self.slots and not self._next_scheduled:
@@ -204,10 +204,11 @@ class AsyncBatchingStore:
     def _may_go_on(self) -> bool:
         return self._turn_runs < LONE_RUNS_PER_TURN and self._turn_owner is asyncio.current_task()
 
-    def _done(self, *, contended: bool, lone: bool = True) -> None:
+    def _done(self, *, contended: bool, lone: bool) -> None:
         """A statement came back: its slot sends the queue, or goes free.
 
-        `lone`: a caller's own statement, or a batch of one (no sign of company).
+        `lone`: a caller's own statement (not a batch, even of one: a batch
+        of one shows no company, so it does not make the turn busy).
         """
         if self._inline and (lone or contended):
             self._mark_turn(lone)

@@ -1,4 +1,5 @@
-"""SQLite stores: `sqlite3` for the sync face, `aiosqlite` for the async one.
+"""SQLite stores: `sqlite3` for the sync face; for the async one, `sqlite3` on the
+event loop while the file is free and `aiosqlite`'s worker thread when it is not.
 
 Every connection runs in autocommit mode with WAL, ``synchronous=NORMAL`` and
 a busy timeout, so several processes can share one file: writers queue on
@@ -219,10 +220,6 @@ class AsyncSQLiteStore:
     worker meanwhile.
     """
 
-    #: Statements finish without yielding to the loop when the file is free;
-    #: `quota._batch.AsyncBatchingStore` gathers the calls of one loop turn instead.
-    inline = True
-
     dialect = "sqlite"
 
     def __init__(
@@ -296,6 +293,9 @@ class AsyncSQLiteStore:
 
     def try_inline(self, sql: str, params: Sequence[Any]) -> Rows | None:
         """Run `sql` now, on the loop's thread; None if it must go to the worker.
+
+        Its presence tells `quota._batch.AsyncBatchingStore` that statements of
+        this store finish without yielding, so it gathers calls by loop turn.
 
         None when the store is not open yet, when called off the loop's
         thread, or when another writer holds the file (nothing was changed).

@@ -174,3 +174,43 @@ def test_a_task_deciding_in_a_tight_loop_still_keeps_the_wal_bounded(
             return os.path.getsize(path + "-wal")
 
     assert asyncio.run(main()) < 5_000_000  # over 30 MB without the inline checkpoint
+
+
+def test_a_lone_caller_in_batching_mode_goes_on_alone_and_yields_now_and_then(
+    sqlite_url: str,
+) -> None:
+    """With group commit on an inline store, a task calling alone is not made to wait
+    for the end of its loop turn, except once in `LONE_RUNS_PER_TURN` calls or so,
+    which lets other tasks run. Every count stays exact."""
+    from quota._batch import LONE_RUNS_PER_TURN
+
+    calls = 200
+
+    async def main() -> tuple[int, list[int]]:
+        async with quota.connect_async(sqlite_url, batching=True) as limiter:
+            await limiter.rate_limit("warm", 10, 60)
+            ticks, done = 0, False
+
+            async def ticker() -> None:  # counts the loop turns the caller lets through
+                nonlocal ticks
+                while not done:
+                    ticks += 1
+                    await asyncio.sleep(0)
+
+            tick_task = asyncio.create_task(ticker())
+            await asyncio.sleep(0)
+            suspended, counts = 0, []
+            for _ in range(calls):
+                before = ticks
+                counts.append((await limiter.rate_limit("k", 10**6, 60)).count)
+                suspended += ticks != before
+            done = True
+            await tick_task
+            return suspended, counts
+
+    suspended, counts = asyncio.run(main())
+
+    assert counts == list(range(1, calls + 1))
+    # Not every other call (a turn-gathering batcher without the exception), and
+    # not never (a caller that would hold the loop for good).
+    assert 1 <= suspended <= calls // LONE_RUNS_PER_TURN + 1
