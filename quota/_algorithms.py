@@ -398,9 +398,10 @@ def decide_rows(
 ) -> Decision:
     """The decision from the rows `statement` returned.
 
-    The time the statement used comes back with its rows (it is the
-    database's with ``clock="database"``); `now` is the app's, used only when
-    a capped fixed window denied and so returned no row.
+    The time the statement used comes back with its rows when the caller
+    cannot know it (the database's, with ``clock="database"``; memory and
+    Redis always send it); otherwise, and for a capped fixed window that
+    denied and so returned no row, `now`, the app's time, is used.
     """
     algorithm = rate.algorithm
     row: Sequence[Any] = rows[0] if rows else ()
