@@ -8,6 +8,7 @@ hot path is two plain calls (`quota._core.hit_params`, then
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -100,7 +101,9 @@ def cleanup(
     if type(grace) is not int or grace < 0:
         raise ConfigurationError(f"grace must be a whole number of seconds >= 0, got {grace!r}")
     check_int("batch_size", batch_size, maximum=1_000_000)
-    cutoff = int(now) - grace
+    # Ends are whole seconds: `end < ceil(now) - grace` is exactly `end + grace < now`
+    # (int(now) kept a window that ended at E until E + 1).
+    cutoff = math.ceil(now) - grace
     # Rate windows end at window_start + window; algorithm state expires at expires_at.
     tables = (
         (_sql.COUNT_EXPIRED, _sql.DELETE_EXPIRED),
@@ -120,7 +123,8 @@ def cleanup(
     deleted = 0
     try:
         if locking:  # a partitioned counters table sheds whole partitions first
-            deleted += yield from _partitions.maintain(now, cutoff)
+            # Whole partitions only once their range has surely ended.
+            deleted += yield from _partitions.maintain(now, int(now) - grace)
         for _, delete in tables:
             while True:
                 rows = yield delete, (cutoff, batch_size)

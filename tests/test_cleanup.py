@@ -47,6 +47,22 @@ def test_cleanup_deletes_exactly_the_ended_windows(backend: Backend) -> None:
     assert _remaining_rows(backend, live_keys) == live_keys
 
 
+def test_a_window_is_swept_as_soon_as_grace_seconds_have_passed_since_its_end(
+    backend: Backend,
+) -> None:
+    """Not a second later: a window that ended at E goes at any time after E + grace
+    (the demo sweeps its burst right away, and once failed when run in a minute's
+    first second, while the cutoff was rounded down)."""
+    start = backend.clock.now - backend.clock.now % 60
+    backend.clock.now = start + 10.25
+    backend.rate_limit("k", 10, 60)  # the window [start, start + 60)
+
+    backend.clock.now = start + 60 + 5  # 5 s after it ended
+    assert backend.cleanup(grace=5).deleted == 0  # exactly at end + grace: not yet
+    backend.clock.now = start + 60 + 5.5
+    assert backend.cleanup(grace=5).deleted == 1
+
+
 def test_a_second_cleanup_finds_nothing(backend: Backend) -> None:
     _seed(backend, expired=3, live=2)
     assert backend.cleanup(grace=0).deleted == 3
