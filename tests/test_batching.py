@@ -271,14 +271,38 @@ def test_a_batch_never_carries_more_than_max_batch_hits() -> None:
     _scripted(test)
 
 
-def test_two_slots_send_a_second_lone_call_while_the_first_is_in_flight() -> None:
+def test_with_two_slots_only_an_idle_batcher_sends_a_call_alone() -> None:
     async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
         calls = [asyncio.ensure_future(limiter.rate_limit(f"k{i}", 100, 60)) for i in range(5)]
         await _settle()
-        assert len(store.sent) == 2  # two alone, three waiting
-        store.release(3)
+        # The first went alone; the rest went together at once on the free slot
+        # (a lone call on it would have cost a round trip for one hit).
+        assert [len(batch) for batch in store.batches()] == [1, 4]
+        store.release(2)
         await asyncio.gather(*calls)
-        assert [len(batch) for batch in store.batches()] == [1, 1, 3]
+
+    _scripted(test, slots=2)
+
+
+def test_a_returning_batch_splits_the_queue_over_the_free_slots() -> None:
+    async def twice(limiter: quota.AsyncLimiter, key: str) -> int:
+        await limiter.rate_limit(key, 100, 60)
+        return (await limiter.rate_limit(key, 100, 60)).count
+
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        first = asyncio.ensure_future(limiter.rate_limit("a", 100, 60))
+        await _settle()
+        loops = [asyncio.ensure_future(twice(limiter, f"k{i}")) for i in range(8)]
+        await _settle()
+        store.release()  # the lone call returns: one slot free, the batch of 8 in flight
+        await first
+        store.release()  # the batch returns; its 8 callers come straight back
+        await _settle()
+        # Both slots free: half the queue on each, so one batch is on its way
+        # while the other is being written.
+        assert [len(batch) for batch in store.batches()] == [1, 8, 4, 4]
+        store.release(2)
+        assert await asyncio.gather(*loops) == [2] * 8
 
     _scripted(test, slots=2)
 
