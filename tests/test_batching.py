@@ -11,7 +11,6 @@ processes on one key.
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import sqlite3
 import threading
@@ -24,7 +23,13 @@ import pytest
 
 import quota
 from quota import _sql
-from quota._batch import BATCH_HIT, AsyncBatchingStore, batch_params, split_counts
+from quota._batch import (
+    AsyncBatchingStore,
+    _padded,
+    batch_statement,
+    is_batch_statement,
+    split_counts,
+)
 from quota._core import stored_key as quota_stored_key
 from quota._store import Rows, Statement
 from tests import _batch_workers, _workers
@@ -37,20 +42,55 @@ def _hit(key: str, cost: int = 1, now: float = 100.0) -> tuple[Any, ...]:
     return (f"60:60:k:{key}", f"k:{key}", 60, 60, cost, now)
 
 
+def _sqlite_rows(params: Sequence[Any]) -> list[list[Any]]:
+    """The rows of a SQLite batch statement's parameters, padding left out."""
+    rows = [list(params[i : i + 6]) for i in range(0, len(params), 6)]
+    return [row for row in rows if row[0] is not None]
+
+
 # -- the pure parts -----------------------------------------------------------------------
 
 
-def test_batch_params_sum_costs_per_key_and_sort_the_keys() -> None:
+def test_batch_statement_sums_costs_per_key_and_sorts_the_keys() -> None:
     hits = [_hit("b", 2), _hit("a", 1, now=101.0), _hit("b", 3, now=99.0), _hit("c", 1)]
 
-    latest, keys, costs = batch_params("postgresql", hits)
+    sql, (latest, keys, costs) = batch_statement("postgresql", hits)
 
+    assert is_batch_statement(sql)
     assert keys == ["60:60:k:a", "60:60:k:b", "60:60:k:c"]
     assert costs == [1, 5, 1]
     assert latest == 101.0  # the batch's latest hit time, every row's updated_at
-    (payload,) = batch_params("sqlite", hits)
-    assert [row[0] for row in json.loads(payload)] == keys
-    assert [row[4] for row in json.loads(payload)] == costs
+    sql, params = batch_statement("sqlite", hits)
+    assert is_batch_statement(sql)
+    assert _sqlite_rows(params) == [
+        ["60:60:k:a", "k:a", 60, 60, 1, 101.0],
+        ["60:60:k:b", "k:b", 60, 60, 5, 101.0],
+        ["60:60:k:c", "k:c", 60, 60, 1, 101.0],
+    ]
+    assert len(params) == 6 * 3
+
+
+def test_sqlite_batches_are_padded_to_a_few_statement_texts() -> None:
+    sizes = [_padded(n) for n in range(1, 1001)]
+    assert all(size >= n for n, size in zip(range(1, 1001), sizes, strict=True))
+    assert all(size < 1.5 * n + 1 for n, size in zip(range(1, 1001), sizes, strict=True))
+    assert len(set(sizes)) <= 20  # the connection's statement cache holds them all
+    sql, params = batch_statement("sqlite", [_hit(f"k{i}", 1) for i in range(5)])
+    assert len(params) == 6 * 6 and params[30:] == [None] * 6  # one row of padding
+    assert sql.count("(?, ?, ?, ?, ?, ?)") == 6
+
+
+def test_sqlite_batch_statement_drops_the_padding_rows() -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute(
+        "CREATE TABLE quota_counters (bucket_key TEXT PRIMARY KEY, client_key TEXT,"
+        " window_start INTEGER, window_seconds INTEGER, count INTEGER, updated_at REAL)"
+    )
+    hits = [_hit(k, c) for k, c in [("a", 1), ("b", 2), ("a", 3), ("c", 1), ("d", 1)]]
+    for _ in range(2):
+        rows = conn.execute(*batch_statement("sqlite", hits)).fetchall()
+    assert sorted(rows) == [("60:60:k:a", 8), ("60:60:k:b", 4), ("60:60:k:c", 2), ("60:60:k:d", 2)]
+    assert conn.execute("SELECT count(*) FROM quota_counters").fetchone() == (4,)
 
 
 def test_each_hit_gets_its_prefix_sum_of_the_keys_total() -> None:
@@ -98,9 +138,9 @@ class ScriptedStore:
             key, cost = params[0], params[4]
             self.counts[key] = self.counts.get(key, 0) + cost
             return [(self.counts[key],)]
-        assert sql == BATCH_HIT["sqlite"]
+        assert is_batch_statement(sql)
         rows = []
-        for key, *_, cost, _now in json.loads(params[0]):
+        for key, *_, cost, _now in _sqlite_rows(params):
             self.counts[key] = self.counts.get(key, 0) + cost
             rows.append((key, self.counts[key]))
         return rows
@@ -114,7 +154,7 @@ class ScriptedStore:
     def batches(self) -> list[list[str]]:
         """The bucket keys of each statement sent, one list per statement."""
         return [
-            [params[0]] if sql is _sql.HIT else [row[0] for row in json.loads(params[0])]
+            [params[0]] if sql is _sql.HIT else [row[0] for row in _sqlite_rows(params)]
             for sql, params in self.sent
         ]
 
@@ -193,7 +233,7 @@ def test_a_caller_cancelled_while_waiting_is_not_counted_and_moves_nobody() -> N
         assert store.counts == {f"60:60:k:{KEY}": 3}
         assert [len(batch) for batch in store.batches()] == [1, 1]  # summed: one key
 
-        sent = json.loads(store.sent[1][1][0])
+        sent = _sqlite_rows(store.sent[1][1])
         assert sent[0][4] == 2  # the batch carried two hits, not three
 
     _scripted(test)
@@ -339,7 +379,7 @@ class _Spy:
     def _count(self, sql: Any) -> None:
         if sql is _sql.HIT:
             self.hit_statements += 1
-        elif sql in BATCH_HIT.values():
+        elif is_batch_statement(sql):
             self.batch_statements += 1
 
     def execute(self, sql: Any, params: Sequence[Any] | Mapping[str, Any]) -> Any:
