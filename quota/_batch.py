@@ -62,6 +62,10 @@ T = TypeVar("T")
 #: Default most hits in one batch statement.
 DEFAULT_MAX_BATCH = 1000
 
+#: Most hits in one SQLite batch: padded to at most 4,096 rows of six values,
+#: within SQLite's 32,766 bound parameters a statement.
+SQLITE_MAX_BATCH = 4096
+
 #: With an inline store: statements one caller may send alone in one loop turn.
 LONE_RUNS_PER_TURN = 32
 
@@ -194,7 +198,9 @@ class AsyncBatchingStore:
     ) -> None:
         self.store = store
         self.dialect = store.dialect
-        self.max_batch = max_batch
+        self.max_batch = (
+            max_batch if store.dialect != "sqlite" else min(max_batch, SQLITE_MAX_BATCH)
+        )
         self.slots = slots or (1 if store.dialect == "sqlite" else 2)
         self._in_flight = 0
         self._queue: deque[tuple[Hit, asyncio.Future[Rows]]] = deque()
@@ -362,7 +368,9 @@ class BatchingStore:
     def __init__(self, store: SyncStore, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
         self.store = store
         self.dialect = store.dialect
-        self.max_batch = max_batch
+        self.max_batch = (
+            max_batch if store.dialect != "sqlite" else min(max_batch, SQLITE_MAX_BATCH)
+        )
         self._lock = threading.Lock()
         self._busy = False
         self._queue: deque[_Waiter] = deque()
