@@ -167,16 +167,17 @@ def split_counts(hits: Sequence[Hit], rows: Rows) -> list[int]:
     costs of the later hits on that key. Raises `StorageError` if a key is
     missing from `rows` (the statement returns every key it wrote).
     """
-    totals = {str(key): int(count) for key, count in rows}
+    totals: dict[str, int] = dict(rows)  # type: ignore[arg-type]  # (text, bigint) pairs
     counts = [0] * len(hits)
-    for i in range(len(hits) - 1, -1, -1):
-        key, cost = hits[i][0], hits[i][4]
-        try:
-            total = totals[key]
-        except KeyError:
-            raise StorageError(f"the batch statement returned no count for {key!r}") from None
-        counts[i] = total
-        totals[key] = total - cost
+    i = len(hits)
+    try:
+        for hit in reversed(hits):
+            i -= 1
+            key = hit[0]
+            counts[i] = total = totals[key]
+            totals[key] = total - hit[4]
+    except KeyError:
+        raise StorageError(f"the batch statement returned no count for {key!r}") from None
     return counts
 
 
@@ -314,7 +315,7 @@ class AsyncBatchingStore:
                 results: list[Rows] = [await self.store.execute(_sql.HIT, hits[0])]
             else:
                 rows = await self.store.execute(*batch_statement(self.dialect, hits))
-                results = [[(count,)] for count in split_counts(hits, rows)]
+                results = [[(count,)] for count in split_counts(hits, rows)]  # as HIT returns
         except BaseException as exc:
             for _, waiter in batch:
                 if not waiter.done():
