@@ -65,8 +65,8 @@ class Cell:
         return {
             "store": self.store, "keys": self.keys, "concurrency": self.concurrency,
             "side": self.side, "per_s": round(statistics.median(self.per_s)),
-            "p50_ms": round(statistics.median(self.p50_ms), 3),
-            "p99_ms": round(statistics.median(self.p99_ms), 3),
+            "p50_ms": round(statistics.median(self.p50_ms), 4),
+            "p99_ms": round(statistics.median(self.p99_ms), 4),
             "runs_per_s": [round(x) for x in self.per_s],
         }  # fmt: skip
 
