@@ -34,7 +34,7 @@ from quota._algorithms import FIXED_WINDOW, check_algorithm
 from quota._errors import ConfigurationError
 from quota._limiter import connect, connect_async
 from quota._migrate import migrate
-from quota._sqlite import pragmas
+from quota._sqlite import aset_up, set_up
 from quota._url import SCHEMALESS, StoreURL, parse_url
 
 WINDOW = 3600
@@ -283,8 +283,7 @@ def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -
 
         def work(i: int, go: Callable[[], bool]) -> int:
             conn = sqlite3.connect(parsed.target, isolation_level=None, check_same_thread=False)
-            for pragma in pragmas(10.0):
-                conn.execute(pragma)
+            set_up(conn, 10.0)
             next_key, n, sql = _key_stream(keys, i), 0, _sql.HIT
             while go():
                 conn.execute(sql, _bare_params(next_key())).fetchall()
@@ -341,8 +340,7 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
         import aiosqlite
 
         async with aiosqlite.connect(parsed.target, isolation_level=None) as conn:
-            for pragma in pragmas(10.0):
-                await conn.execute(pragma)
+            await aset_up(conn, 10.0)
 
             async def work(i: int, go: Callable[[], bool]) -> int:
                 next_key, n = _key_stream(keys, i), 0

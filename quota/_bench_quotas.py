@@ -30,7 +30,7 @@ from quota import _sql
 from quota._bench import _key_stream, _tasks, _threads
 from quota._limiter import connect, connect_async
 from quota._quotas import QuotaLimit, RateWindow
-from quota._sqlite import pragmas
+from quota._sqlite import aset_up, set_up
 from quota._url import StoreURL
 
 SCENARIOS = ("rate", "quota", "check")
@@ -140,8 +140,7 @@ def sync_bare(
         def work(i: int, go: Callable[[], bool]) -> int:
             conn = sqlite3.connect(parsed.target, isolation_level=None, check_same_thread=False)
             try:
-                for pragma in pragmas(10.0):
-                    conn.execute(pragma)
+                set_up(conn, 10.0)
                 calls, n = _Calls(scenario, keys, i), 0
 
                 def run(statement: Statement) -> Any:
@@ -211,8 +210,7 @@ async def async_bare(
         import aiosqlite
 
         async with aiosqlite.connect(parsed.target, isolation_level=None) as conn:
-            for pragma in pragmas(10.0):
-                await conn.execute(pragma)
+            await aset_up(conn, 10.0)
             # One connection: transactions of different tasks must not interleave
             # (quota's async SQLite store holds the same kind of lock).
             lock = asyncio.Lock()

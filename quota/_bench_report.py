@@ -38,7 +38,7 @@ from quota import _partitions, _sql
 from quota._bench import LIMIT, WINDOW, _bare_params, _key_stream
 from quota._limiter import connect_async
 from quota._migrate import migrate
-from quota._sqlite import pragmas
+from quota._sqlite import set_up
 from quota._url import parse_url
 
 CONCURRENCY = (1, 8, 64, 256)
@@ -187,8 +187,7 @@ def sqlite3_connect(path: str) -> Any:
     import sqlite3
 
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    for pragma in pragmas(10.0):
-        conn.execute(pragma)
+    set_up(conn, 10.0)
     return conn
 
 

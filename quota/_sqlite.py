@@ -42,12 +42,40 @@ def _check_sqlite_version() -> None:
 
 
 def pragmas(busy_timeout: float) -> tuple[str, ...]:
-    """The PRAGMAs every connection gets, busy timeout first so the others can wait."""
-    return (
-        f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}",
-        "PRAGMA journal_mode = WAL",
-        "PRAGMA synchronous = NORMAL",
-    )
+    """The PRAGMAs every connection gets, busy timeout first so the others can wait.
+
+    WAL, a property of the file, is set apart (`set_up`): only when the file
+    is not in WAL yet.
+    """
+    return (f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}", "PRAGMA synchronous = NORMAL")
+
+
+_JOURNAL_MODE = "PRAGMA journal_mode"
+_SET_WAL = "PRAGMA journal_mode = WAL"
+
+
+def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """Give a new `sqlite3` connection its `pragmas`, and the file WAL if it has not got it.
+
+    ``PRAGMA journal_mode = WAL`` on a fresh connection may need the write
+    lock even when the file is in WAL already, and while another connection
+    closes the file (the last one checkpoints it) it failed at once with
+    "database is locked", busy timeout or not. Reading the mode first takes
+    no write lock.
+    """
+    for pragma in pragmas(busy_timeout):
+        conn.execute(pragma)
+    if conn.execute(_JOURNAL_MODE).fetchone()[0] != "wal":
+        conn.execute(_SET_WAL)
+
+
+async def aset_up(conn: aiosqlite.Connection, busy_timeout: float) -> None:
+    """`set_up` for an `aiosqlite` connection."""
+    for pragma in pragmas(busy_timeout):
+        await conn.execute(pragma)
+    rows = list(await conn.execute_fetchall(_JOURNAL_MODE))
+    if rows[0][0] != "wal":
+        await conn.execute(_SET_WAL)
 
 
 def wrap_error(exc: Exception, url: str) -> StorageError:
@@ -102,8 +130,7 @@ class SQLiteStore:
                 self._path, timeout=self._busy_timeout, isolation_level=None,
                 check_same_thread=False,
             )  # fmt: skip
-            for pragma in pragmas(self._busy_timeout):
-                conn.execute(pragma)
+            set_up(conn, self._busy_timeout)
             if not self._schema_checked:
                 check_version(_version_rows(lambda sql: conn.execute(sql).fetchall()), self.url)
                 self._schema_checked = True
@@ -255,8 +282,7 @@ class AsyncSQLiteStore:
         except sqlite3.Error as exc:
             raise wrap_error(exc, self.url) from exc
         try:
-            for pragma in pragmas(self._busy_timeout):
-                await conn.execute(pragma)
+            await aset_up(conn, self._busy_timeout)
             try:
                 rows: Rows | None = list(await conn.execute_fetchall(_sql.SCHEMA_VERSION))
             except sqlite3.OperationalError as exc:

@@ -8,6 +8,7 @@ import asyncio
 import os
 import sqlite3
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import quota
@@ -214,3 +215,16 @@ def test_a_lone_caller_in_batching_mode_goes_on_alone_and_yields_now_and_then(
     # Not every other call (a turn-gathering batcher without the exception), and
     # not never (a caller that would hold the loop for good).
     assert 1 <= suspended <= calls // LONE_RUNS_PER_TURN + 1
+
+
+def test_a_connection_asks_for_wal_only_when_the_file_is_not_in_wal_yet(tmp_path: Path) -> None:
+    path = str(tmp_path / "wal.sqlite3")
+    sent: list[str] = []
+    for expected in (["PRAGMA journal_mode = WAL"], []):
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.set_trace_callback(sent.append)
+        _sqlite.set_up(conn, 1.0)
+        assert [s for s in sent if s.endswith("= WAL")] == expected
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        conn.close()
+        sent.clear()
