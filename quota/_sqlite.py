@@ -64,18 +64,18 @@ def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
     no write lock.
     """
     for pragma in pragmas(busy_timeout):
-        conn.execute(pragma)
-    if conn.execute(_JOURNAL_MODE).fetchone()[0] != "wal":
-        conn.execute(_SET_WAL)
+        conn.execute(pragma).fetchall()  # each stepped to its end: none left open
+    if conn.execute(_JOURNAL_MODE).fetchall()[0][0] != "wal":
+        conn.execute(_SET_WAL).fetchall()
 
 
 async def aset_up(conn: aiosqlite.Connection, busy_timeout: float) -> None:
     """`set_up` for an `aiosqlite` connection."""
     for pragma in pragmas(busy_timeout):
-        await conn.execute(pragma)
+        await conn.execute_fetchall(pragma)  # each stepped to its end: none left open
     rows = list(await conn.execute_fetchall(_JOURNAL_MODE))
     if rows[0][0] != "wal":
-        await conn.execute(_SET_WAL)
+        await conn.execute_fetchall(_SET_WAL)
 
 
 def wrap_error(exc: Exception, url: str) -> StorageError:
@@ -391,7 +391,9 @@ class AsyncSQLiteStore:
             async with self._lock:
                 # Closed meanwhile, or failed: the next one will do.
                 with contextlib.suppress(sqlite3.Error, ValueError):
-                    await conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    # Stepped to its end: a statement left open on its row would
+                    # keep the worker's read snapshot, and its reads stale.
+                    await conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
         finally:
             self._checkpointing = False
 
