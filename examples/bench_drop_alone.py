@@ -1,0 +1,100 @@
+"""p99 of 64 batched decisions while a table they never touch is dropped or counted (PostgreSQL).
+
+    python examples/bench_drop_alone.py [drop|count] [RUNS]
+
+The control experiment for the partition-cleanup figure of `quota bench
+--report`: a standalone UNLOGGED table shaped like ``quota_counters`` with
+1,000,000 rows is dropped (or counted) while 64 batched callers decide on
+the counters table, in a scratch database made and dropped here. The two
+share no lock, so whatever the p99 of the decisions gains during the drop
+is the machine's CPU: on a 2-core machine the kernel freeing the table's
+pages competes with the callers and the server. Targets 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from quota import _bench_report as br
+from quota._bench import LIMIT, WINDOW, _key_stream
+from quota._limiter import connect_async
+from quota._migrate import migrate
+
+server = os.environ.get("QUOTA_BENCH_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
+action = sys.argv[1] if len(sys.argv) > 1 else "drop"
+
+
+async def run(url: str, dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(
+        'CREATE UNLOGGED TABLE junk (bucket_key TEXT COLLATE "C" PRIMARY KEY, client_key TEXT, window_start BIGINT, window_seconds INT, count BIGINT, updated_at FLOAT8) WITH (fillfactor=70)'
+    )
+    await conn.execute("CREATE INDEX ON junk ((window_start + window_seconds))")
+    await conn.execute(
+        "INSERT INTO junk SELECT '60:' || i || ':k:seed' || i, 'k:seed' || i, i, 60, 1, i FROM generate_series(1, 1000000) i"
+    )
+    await conn.execute("VACUUM ANALYZE junk")
+    async with connect_async(url, pool_size=8, batching=True) as limiter:
+        await limiter.rate_limit("bench:warm", LIMIT, WINDOW)
+        stop = asyncio.Event()
+        marks: list[tuple[float, float]] = []
+
+        async def caller(i: int) -> None:
+            nk, clock = _key_stream(1000, i), time.perf_counter
+            while not stop.is_set():
+                t = clock()
+                await limiter.rate_limit(nk(), LIMIT, WINDOW)
+                marks.append((t, clock() - t))
+
+        tasks = [asyncio.ensure_future(caller(i)) for i in range(64)]
+        await asyncio.sleep(3.0)
+        before_from = time.perf_counter() - 2.0
+        start = time.perf_counter()
+        if action == "drop":
+            await conn.execute("DROP TABLE junk")
+        elif action == "count":
+            await conn.fetchval("SELECT count(*) FROM junk")
+        end = time.perf_counter()
+        await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(*tasks)
+    await conn.close()
+    before = [lat for t, lat in marks if before_from <= t < start]
+    during = [lat for t, lat in marks if start <= t < end]
+    p = br._percentile
+    print(
+        action,
+        f"{(end - start) * 1000:.1f} ms",
+        "p99 before",
+        round(p(before, 0.99) * 1000, 3),
+        "during",
+        round(p(during, 0.99) * 1000, 3),
+        "n",
+        len(during),
+        "ratio",
+        round(p(during, 0.99) / p(before, 0.99), 2),
+        flush=True,
+    )
+
+
+def main() -> None:
+    for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 3):
+        name = f"quota_bench_{uuid.uuid4().hex[:8]}"
+        br._admin(server, f'CREATE DATABASE "{name}"')
+        url = urlsplit(server)._replace(path="/" + name).geturl()
+        try:
+            migrate(url)
+            asyncio.run(run(url, url))
+        finally:
+            br._admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
