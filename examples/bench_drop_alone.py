@@ -16,15 +16,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 import uuid
 from urllib.parse import urlsplit
 
 import asyncpg
 
 from quota import _bench_report as br
-from quota._bench import LIMIT, WINDOW, _key_stream
-from quota._limiter import connect_async
 from quota._migrate import migrate
 
 server = os.environ.get("QUOTA_BENCH_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
@@ -41,45 +38,15 @@ async def run(url: str, dsn: str) -> None:
         "INSERT INTO junk SELECT '60:' || i || ':k:seed' || i, 'k:seed' || i, i, 60, 1, i FROM generate_series(1, 1000000) i"
     )
     await conn.execute("VACUUM ANALYZE junk")
-    async with connect_async(url, pool_size=8, batching=True) as limiter:
-        await limiter.rate_limit("bench:warm", LIMIT, WINDOW)
-        stop = asyncio.Event()
-        marks: list[tuple[float, float]] = []
-
-        async def caller(i: int) -> None:
-            nk, clock = _key_stream(1000, i), time.perf_counter
-            while not stop.is_set():
-                t = clock()
-                await limiter.rate_limit(nk(), LIMIT, WINDOW)
-                marks.append((t, clock() - t))
-
-        tasks = [asyncio.ensure_future(caller(i)) for i in range(64)]
-        await asyncio.sleep(3.0)
-        before_from = time.perf_counter() - 2.0
-        start = time.perf_counter()
-        if action == "drop":
-            await conn.execute("DROP TABLE junk")
-        elif action == "count":
-            await conn.fetchval("SELECT count(*) FROM junk")
-        end = time.perf_counter()
-        await asyncio.sleep(0.2)
-        stop.set()
-        await asyncio.gather(*tasks)
+    if action == "drop":
+        _, load = await br.under_load(url, lambda: conn.execute("DROP TABLE junk"))
+    else:
+        _, load = await br.under_load(url, lambda: conn.fetchval("SELECT count(*) FROM junk"))
     await conn.close()
-    before = [lat for t, lat in marks if before_from <= t < start]
-    during = [lat for t, lat in marks if start <= t < end]
-    p = br._percentile
+    before, during = load.p99_ms(load.before), load.p99_ms(load.during)
     print(
-        action,
-        f"{(end - start) * 1000:.1f} ms",
-        "p99 before",
-        round(p(before, 0.99) * 1000, 3),
-        "during",
-        round(p(during, 0.99) * 1000, 3),
-        "n",
-        len(during),
-        "ratio",
-        round(p(during, 0.99) / p(before, 0.99), 2),
+        f"{action}: {load.seconds * 1000:.0f} ms; p99 of the decisions {before} ms before,"
+        f" {during} ms during ({len(load.during)} decisions): {during / before:.2f}x",
         flush=True,
     )
 

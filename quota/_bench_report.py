@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from quota import _partitions, _sql
@@ -40,6 +40,8 @@ from quota._limiter import connect_async
 from quota._migrate import migrate
 from quota._sqlite import set_up
 from quota._url import parse_url
+
+T = TypeVar("T")
 
 CONCURRENCY = (1, 8, 64, 256)
 KEYS = (1000, 1)
@@ -267,11 +269,21 @@ def _seed(url: str, rows: int, partitioned: bool, now: float) -> None:
         conn.execute("VACUUM ANALYZE quota_counters")
 
 
-async def _cleanup_under_load(url: str, table: str, rows: int) -> CleanupFigures:
-    async with (
-        connect_async(url, pool_size=8, batching=True) as limiter,
-        connect_async(url, pool_size=1) as sweeper,
-    ):
+@dataclass
+class UnderLoad:
+    """Latencies (s) of 64 batched callers: the 2 s before an action, and during it."""
+
+    seconds: float
+    before: list[float]
+    during: list[float]
+
+    def p99_ms(self, side: list[float]) -> float:
+        return round(_percentile(side, 0.99) * 1000, 3)
+
+
+async def under_load(url: str, action: Callable[[], Awaitable[T]]) -> tuple[T, UnderLoad]:
+    """Run `action` while 64 batched callers decide on `url` over 1,000 keys."""
+    async with connect_async(url, pool_size=8, batching=True) as limiter:
         await limiter.rate_limit("bench:warm", LIMIT, WINDOW)
         stop = asyncio.Event()
         marks: list[tuple[float, float]] = []  # (start, latency)
@@ -287,17 +299,22 @@ async def _cleanup_under_load(url: str, table: str, rows: int) -> CleanupFigures
         await asyncio.sleep(3.0)
         before_from = time.perf_counter() - 2.0
         start = time.perf_counter()
-        result = await sweeper.cleanup(grace=0, batch_size=10_000)
+        result = await action()
         end = time.perf_counter()
         await asyncio.sleep(0.2)
         stop.set()
         await asyncio.gather(*tasks)
     before = [lat for t, lat in marks if before_from <= t < start]
     during = [lat for t, lat in marks if start <= t < end]
+    return result, UnderLoad(round(end - start, 3), before, during)
+
+
+async def _cleanup_under_load(url: str, table: str, rows: int) -> CleanupFigures:
+    async with connect_async(url, pool_size=1) as sweeper:
+        result, load = await under_load(url, lambda: sweeper.cleanup(grace=0, batch_size=10_000))
     return CleanupFigures(
-        table, rows, round(end - start, 3), result.deleted,
-        round(_percentile(before, 0.99) * 1000, 3),
-        round(_percentile(during, 0.99) * 1000, 3), len(during),
+        table, rows, load.seconds, result.deleted, load.p99_ms(load.before),
+        load.p99_ms(load.during), len(load.during),
     )  # fmt: skip
 
 
