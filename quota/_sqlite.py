@@ -13,6 +13,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -57,25 +58,40 @@ _SET_WAL = "PRAGMA journal_mode = WAL"
 def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
     """Give a new `sqlite3` connection its `pragmas`, and the file WAL if it has not got it.
 
-    ``PRAGMA journal_mode = WAL`` on a fresh connection may need the write
-    lock even when the file is in WAL already, and while another connection
-    closes the file (the last one checkpoints it) it failed at once with
-    "database is locked", busy timeout or not. Reading the mode first takes
-    no write lock.
+    Switching a file to WAL needs it to itself, and SQLite answers "database
+    is locked" at once, without its busy handler, while another connection
+    holds it: threads opening their first connections to a new file together
+    did. So the mode is read first (no lock needed once the file is in WAL),
+    and the switch retried within the busy timeout.
     """
     for pragma in pragmas(busy_timeout):
         conn.execute(pragma).fetchall()  # each stepped to its end: none left open
-    if conn.execute(_JOURNAL_MODE).fetchall()[0][0] != "wal":
-        conn.execute(_SET_WAL).fetchall()
+    deadline = time.monotonic() + busy_timeout
+    while conn.execute(_JOURNAL_MODE).fetchall()[0][0] != "wal":
+        try:
+            conn.execute(_SET_WAL).fetchall()
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(_WAL_RETRY)
 
 
 async def aset_up(conn: aiosqlite.Connection, busy_timeout: float) -> None:
     """`set_up` for an `aiosqlite` connection."""
     for pragma in pragmas(busy_timeout):
         await conn.execute_fetchall(pragma)  # each stepped to its end: none left open
-    rows = list(await conn.execute_fetchall(_JOURNAL_MODE))
-    if rows[0][0] != "wal":
-        await conn.execute_fetchall(_SET_WAL)
+    deadline = time.monotonic() + busy_timeout
+    while next(iter(await conn.execute_fetchall(_JOURNAL_MODE)))[0] != "wal":
+        try:
+            await conn.execute_fetchall(_SET_WAL)
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(_WAL_RETRY)
+
+
+#: Seconds between tries to switch a file to WAL while another connection holds it.
+_WAL_RETRY = 0.005
 
 
 def wrap_error(exc: Exception, url: str) -> StorageError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,34 @@ def test_a_connection_asks_for_wal_only_when_the_file_is_not_in_wal_yet(tmp_path
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         conn.close()
         sent.clear()
+
+
+def test_threads_opening_a_new_file_together_all_get_it_in_wal(tmp_path: Path) -> None:
+    """Switching to WAL needs the file to itself and SQLite refuses at once, busy handler
+    or not, while another connection holds it: each thread retries until it is WAL."""
+    path = str(tmp_path / "new.sqlite3")
+    for round_ in range(5):
+        target = f"{path}.{round_}"
+        barrier = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def open_one(
+            target: str = target, barrier: threading.Barrier = barrier,
+            errors: list[BaseException] = errors,
+        ) -> None:  # fmt: skip
+            conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
+            try:
+                barrier.wait()
+                _sqlite.set_up(conn, 5.0)
+                assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                conn.close()
+
+        threads = [threading.Thread(target=open_one) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not errors, errors
