@@ -53,6 +53,8 @@ def pragmas(busy_timeout: float) -> tuple[str, ...]:
 
 _JOURNAL_MODE = "PRAGMA journal_mode"
 _SET_WAL = "PRAGMA journal_mode = WAL"
+#: Seconds between tries to switch a file to WAL while another connection holds it.
+_WAL_RETRY = 0.005
 
 
 def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
@@ -88,10 +90,6 @@ async def aset_up(conn: aiosqlite.Connection, busy_timeout: float) -> None:
             if not _busy(exc) or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(_WAL_RETRY)
-
-
-#: Seconds between tries to switch a file to WAL while another connection holds it.
-_WAL_RETRY = 0.005
 
 
 def wrap_error(exc: Exception, url: str) -> StorageError:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
+
+import aiosqlite
+import pytest
 
 import quota
 from quota import _sqlite
@@ -231,32 +233,40 @@ def test_a_connection_asks_for_wal_only_when_the_file_is_not_in_wal_yet(tmp_path
         sent.clear()
 
 
-def test_threads_opening_a_new_file_together_all_get_it_in_wal(tmp_path: Path) -> None:
-    """Switching to WAL needs the file to itself and SQLite refuses at once, busy handler
-    or not, while another connection holds it: each thread retries until it is WAL."""
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_the_switch_to_wal_is_retried_while_another_connection_holds_the_file(
+    tmp_path: Path, face: str
+) -> None:
+    """SQLite refuses the switch at once, busy timeout or not, while another connection
+    holds the write lock (threads opening a new file together did): it is retried."""
     path = str(tmp_path / "new.sqlite3")
-    for round_ in range(5):
-        target = f"{path}.{round_}"
-        barrier = threading.Barrier(8)
-        errors: list[BaseException] = []
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")  # the write lock of a file still in rollback mode
+    attempts: list[str] = []
 
-        def open_one(
-            target: str = target, barrier: threading.Barrier = barrier,
-            errors: list[BaseException] = errors,
-        ) -> None:  # fmt: skip
-            conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
-            try:
-                barrier.wait()
-                _sqlite.set_up(conn, 5.0)
-                assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                conn.close()
+    def trace(statement: str) -> None:
+        if statement == "PRAGMA journal_mode = WAL":
+            attempts.append(statement)
+            if len(attempts) == 3:
+                holder.execute("ROLLBACK")  # the other connection lets go
 
-        threads = [threading.Thread(target=open_one) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=30)
-        assert not errors, errors
+    if face == "sync":
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.set_trace_callback(trace)
+        _sqlite.set_up(conn, 5.0)
+        conn.close()
+    else:
+
+        async def main() -> None:
+            async with aiosqlite.connect(path, isolation_level=None) as conn:
+                await conn.set_trace_callback(trace)
+                await _sqlite.aset_up(conn, 5.0)
+
+        asyncio.run(main())
+
+    assert len(attempts) == 3  # refused twice, then switched
+    holder.close()
+    fresh = sqlite3.connect(path)
+    assert fresh.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # the file's mode
+    fresh.close()
