@@ -121,6 +121,11 @@ def sqlite_batch_sql(rows: int) -> str:
     return f"{_COLUMNS} SELECT * FROM (VALUES {values}) WHERE column1 IS NOT NULL{_UPSERT}"
 
 
+def most_per_batch(dialect: str, max_batch: int) -> int:
+    """`max_batch`, held within what one batch statement of `dialect` can carry."""
+    return min(max_batch, SQLITE_MAX_BATCH) if dialect == "sqlite" else max_batch
+
+
 def is_batch_statement(sql: object) -> bool:
     """Whether `sql` is a batch statement of `batch_statement` (for tests and tools)."""
     return isinstance(sql, str) and sql.startswith(_COLUMNS + " SELECT")
@@ -199,9 +204,7 @@ class AsyncBatchingStore:
     ) -> None:
         self.store = store
         self.dialect = store.dialect
-        self.max_batch = (
-            max_batch if store.dialect != "sqlite" else min(max_batch, SQLITE_MAX_BATCH)
-        )
+        self.max_batch = most_per_batch(store.dialect, max_batch)
         self.slots = slots or (1 if store.dialect == "sqlite" else 2)
         self._in_flight = 0
         self._queue: deque[tuple[Hit, asyncio.Future[Rows]]] = deque()
@@ -369,9 +372,7 @@ class BatchingStore:
     def __init__(self, store: SyncStore, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
         self.store = store
         self.dialect = store.dialect
-        self.max_batch = (
-            max_batch if store.dialect != "sqlite" else min(max_batch, SQLITE_MAX_BATCH)
-        )
+        self.max_batch = most_per_batch(store.dialect, max_batch)
         self._lock = threading.Lock()
         self._busy = False
         self._queue: deque[_Waiter] = deque()

@@ -26,6 +26,7 @@ from quota import _sql
 from quota._batch import (
     SQLITE_MAX_BATCH,
     AsyncBatchingStore,
+    BatchingStore,
     _padded,
     batch_statement,
     is_batch_statement,
@@ -93,7 +94,8 @@ def test_sqlite_batch_statement_drops_the_padding_rows() -> None:
     assert sorted(rows) == [("60:60:k:a", 8), ("60:60:k:b", 4), ("60:60:k:c", 2), ("60:60:k:d", 2)]
     assert conn.execute("SELECT count(*) FROM quota_counters").fetchone() == (4,)
     # The largest batch a SQLite batcher sends fits SQLite's bound-parameter limit.
-    assert AsyncBatchingStore(ScriptedStore(), max_batch=100_000).max_batch == SQLITE_MAX_BATCH  # type: ignore[arg-type]
+    for batcher in (AsyncBatchingStore, BatchingStore):
+        assert batcher(ScriptedStore(), max_batch=100_000).max_batch == SQLITE_MAX_BATCH  # type: ignore[arg-type]
     most = [_hit(f"m{i}", 1) for i in range(SQLITE_MAX_BATCH)]
     assert len(conn.execute(*batch_statement("sqlite", most)).fetchall()) == SQLITE_MAX_BATCH
 
