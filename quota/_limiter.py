@@ -801,8 +801,9 @@ def connect(
     ``rate_denied`` entry to the quota ledger (allowed hits never do).
 
     With ``batching=True`` concurrent fixed-window hits from threads share one
-    statement (group commit, at most `max_batch` hits; 4,096 on SQLite), each still getting its
-    exact count; a lone call goes out at once. ``durability="relaxed"`` lets
+    statement (group commit, at most `max_batch` hits, and never more than
+    4,096 on SQLite), each still getting its exact count; a lone call goes
+    out at once. ``durability="relaxed"`` lets
     PostgreSQL commit the limiter's statements without waiting for the WAL
     flush; durable quotas stay synchronous. See the README for both.
 
