@@ -135,18 +135,31 @@ def bounds(period: Period, now: float, zone: Zone) -> tuple[int, int]:
     return found
 
 
+def _after(period: str, first: dt.date) -> dt.date:
+    """The first day of the period after the one starting on `first`."""
+    if period == DAY:
+        return first + dt.timedelta(days=1)
+    if period == WEEK:
+        return first + dt.timedelta(days=7)
+    return _next_month(first)
+
+
 def _calendar_bounds(period: str, now: float, zone: Zone) -> tuple[int, int]:
     today = dt.datetime.fromtimestamp(math.floor(now), zone).date()
     if period == DAY:
-        first, following = today, today + dt.timedelta(days=1)
+        first = today
     elif period == WEEK:
         first = today - dt.timedelta(days=today.weekday())
-        following = first + dt.timedelta(days=7)
     else:
         first = today.replace(day=1)
-        following = _next_month(first)
     midnight = dt.time()
-    return (
-        first_instant(dt.datetime.combine(first, midnight), zone),
-        first_instant(dt.datetime.combine(following, midnight), zone),
-    )
+    start = first_instant(dt.datetime.combine(first, midnight), zone)
+    while True:
+        following = _after(period, first)
+        end = first_instant(dt.datetime.combine(following, midnight), zone)
+        if now < end:
+            return start, end
+        # The clocks went back across the period's first midnight (America/St_Johns
+        # did at 00:01): the wall clock reads the old date again, but the next
+        # period began at that midnight's first instant.
+        first, start = following, end
