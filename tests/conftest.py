@@ -286,3 +286,83 @@ def every_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Back
         yield backend
     finally:
         backend.close()
+
+
+# -- PgBouncer: PostgreSQL behind a transaction- or session-pooling bouncer ----------------
+#
+# Each fixture starts a private PgBouncer (tests/_pgbouncer.py) on a free port of 127.0.0.1,
+# in front of the server and database of `pg_url`, and returns a URL through it:
+# ``postgresql://root@127.0.0.1:PORT/quota_test_...``. Without pgbouncer installed they skip,
+# saying why, unless QUOTA_TEST_REQUIRE_POSTGRES=1, where they fail. Every bouncer is
+# stopped at its fixture's end, however the tests end. Tests that use them are postgres
+# tests: the hook below marks them so.
+
+PGBOUNCER_FIXTURES = frozenset(
+    {"pgbouncer_binary", "pgbouncer_txn_url", "pgbouncer_session_url", "pgbouncer_single_txn_url"}
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PGBOUNCER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_binary() -> str:
+    """The pgbouncer executable; skips (or fails) without one."""
+    from tests._pgbouncer import DEFAULT_BINARY, find_binary
+
+    binary = find_binary()
+    if binary is None:
+        _unavailable(
+            f"PgBouncer not installed: no {DEFAULT_BINARY} and no pgbouncer on PATH"
+            " (apt-get install pgbouncer)"
+        )
+    assert binary is not None
+    return binary
+
+
+def _pgbouncer_url(pg_url: str, binary: str, **options: Any) -> Iterator[str]:
+    """Runs a PgBouncer in front of `pg_url`'s server; yields `pg_url`'s database through it."""
+    from urllib.parse import unquote, urlsplit
+
+    from tests._pgbouncer import running_pgbouncer
+
+    parts = urlsplit(pg_url)
+    database = unquote(parts.path.lstrip("/"))
+    with running_pgbouncer(
+        binary=binary,
+        server_host=parts.hostname or "127.0.0.1",
+        server_port=parts.port or 5432,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        **options,
+    ) as bouncer:
+        yield bouncer.url(database)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_txn_url(pg_url: str, pgbouncer_binary: str) -> Iterator[str]:
+    """`pg_url`'s database through PgBouncer in transaction mode (2 server connections)."""
+    yield from _pgbouncer_url(pg_url, pgbouncer_binary, pool_mode="transaction")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_session_url(pg_url: str, pgbouncer_binary: str) -> Iterator[str]:
+    """`pg_url`'s database through PgBouncer in session mode (2 server connections)."""
+    yield from _pgbouncer_url(pg_url, pgbouncer_binary, pool_mode="session")
+
+
+@pytest.fixture
+def pgbouncer_single_txn_url(pg_url: str, pgbouncer_binary: str) -> Iterator[str]:
+    """`pg_url`'s database through a transaction-mode PgBouncer with ONE server connection.
+
+    Every client is served by that same server connection, so a session setting one
+    client leaves behind is seen by the next. A bouncer of its own per test: nothing one
+    test leaves on the connection reaches another.
+    """
+    yield from _pgbouncer_url(
+        pg_url, pgbouncer_binary, pool_mode="transaction", default_pool_size=1
+    )
