@@ -24,7 +24,17 @@ class ConfigurationError(QuotaError, ValueError):
 
 
 class StorageError(QuotaError):
-    """The store failed: connection refused, timeout, or a database error."""
+    """The store failed: connection refused, timeout, or a database error.
+
+    `outage` is True when the database could not be reached or did not answer
+    in time, and False when it answered with an error about the statement
+    (a fallback decides from memory during an outage, but does not take a
+    statement error for one).
+    """
+
+    def __init__(self, message: str, *, outage: bool = True) -> None:
+        super().__init__(message)
+        self.outage = outage
 
 
 class SchemaError(StorageError):

@@ -34,6 +34,7 @@ from quota._errors import ConfigurationError, QuotaError
 from quota._metrics import AsyncMeteredStore, MeteredStore, Metrics
 from quota._ops import CleanupResult, Usage
 from quota._policy import as_rates, most_restrictive
+from quota._pool import DEFAULT_IDLE_TIMEOUT
 from quota._quotas import (
     CheckDecision,
     LedgerEntry,
@@ -51,7 +52,7 @@ from quota._resilience import (
     retry_after_down,
 )
 from quota._store import AsyncStore, SyncStore
-from quota._url import StoreURL, parse_url
+from quota._url import StoreURL, own_parameters, parse_url
 
 Clock = Callable[[], float]
 log = logging.getLogger("quota")
@@ -77,7 +78,14 @@ class Options:
     ``"database"``: every statement takes the database's time, so app servers
     whose clocks disagree still share one window."""
     pool_size: int = 10
-    """Most connections an async PostgreSQL store opens."""
+    """Most connections the limiter's store opens (PostgreSQL and SQLite, both faces);
+    a call borrows one and gives it back."""
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    """Seconds a pooled connection may stay idle before it is closed."""
+    prepared_statements: bool | None = None
+    """PostgreSQL: False behind a transaction pooler (PgBouncer ``pool_mode = transaction``):
+    no named prepared statements, no session settings. None takes the URL's
+    ``?prepared_statements=`` (default true)."""
     timeout: float = 10.0
     """Seconds to wait for a connection (PostgreSQL) or a write lock (SQLite busy timeout)."""
     fallback: Fallback | None = None
@@ -106,6 +114,18 @@ class Options:
                 f"clock must be a callable returning epoch seconds or 'database', got {self.clock!r}"
             )
         check_int("pool_size", self.pool_size, maximum=1000)
+        if (
+            isinstance(self.idle_timeout, bool)
+            or not isinstance(self.idle_timeout, (int, float))
+            or not (0 < self.idle_timeout <= 86_400)
+        ):
+            raise ConfigurationError(
+                f"idle_timeout must be seconds in (0, 86400], got {self.idle_timeout!r}"
+            )
+        if self.prepared_statements is not None and not isinstance(self.prepared_statements, bool):
+            raise ConfigurationError(
+                f"prepared_statements must be a bool, got {self.prepared_statements!r}"
+            )
         if (
             isinstance(self.timeout, bool)
             or not isinstance(self.timeout, (int, float))
@@ -675,6 +695,19 @@ def _schemaless_options(parsed: StoreURL, options: Options) -> None:
         )
 
 
+def _postgres_settings(parsed: StoreURL, options: Options) -> dict[str, Any]:
+    """The keywords of either PostgreSQL store: the URL's own parameters, then `options`."""
+    dsn, own = own_parameters(parsed.url, parsed.target)
+    prepared = options.prepared_statements
+    return {
+        "dsn": dsn, "url": parsed.url, "pool_size": options.pool_size,
+        "connect_timeout": options.timeout, "db_clock": options.database_clock,
+        "statement_timeout": options.fallback.timeout if options.fallback else None,
+        "relaxed": options.durability == "relaxed", "idle_timeout": options.idle_timeout,
+        "prepared_statements": own.get("prepared_statements", True) if prepared is None else prepared,
+    }  # fmt: skip
+
+
 def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
     """The sync store for `parsed`, wrapped in the memory fallback when one is configured."""
     parsed.driver_for(asynchronous=False)
@@ -688,7 +721,8 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
 
         store = SQLiteStore(
             parsed.target, parsed.url, busy_timeout=timeout, db_clock=options.database_clock,
-            serialize=fallback is not None,
+            serialize=fallback is not None, pool_size=options.pool_size,
+            idle_timeout=options.idle_timeout,
         )  # fmt: skip
     elif parsed.dialect == "memory":
         _schemaless_options(parsed, options)
@@ -704,11 +738,7 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
     else:
         from quota._postgres import PostgresStore
 
-        store = PostgresStore(
-            parsed.target, parsed.url, connect_timeout=options.timeout,
-            db_clock=options.database_clock, statement_timeout=fallback.timeout if fallback else None,
-            relaxed=options.durability == "relaxed",
-        )  # fmt: skip
+        store = PostgresStore(**_postgres_settings(parsed, options))
     if options.batching:
         store = BatchingStore(store, max_batch=options.max_batch)
     if options.metrics is not None:
@@ -749,11 +779,7 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
     else:
         from quota._postgres import AsyncPostgresStore
 
-        store = AsyncPostgresStore(
-            parsed.target, parsed.url, pool_size=options.pool_size, connect_timeout=options.timeout,
-            db_clock=options.database_clock, statement_timeout=fallback.timeout if fallback else None,
-            relaxed=options.durability == "relaxed",
-        )  # fmt: skip
+        store = AsyncPostgresStore(**_postgres_settings(parsed, options))
     if options.batching:
         store = AsyncBatchingStore(store, max_batch=options.max_batch)
     if options.metrics is not None:
@@ -773,6 +799,8 @@ def connect(
     count_denied: bool = True,
     clock: Clock | str = time.time,
     pool_size: int = 10,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    prepared_statements: bool | None = None,
     timeout: float = 10.0,
     fallback: bool | Fallback = False,
     record_rate_denials: bool = False,
@@ -813,6 +841,7 @@ def connect(
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
+        idle_timeout=idle_timeout, prepared_statements=prepared_statements,
         fallback=_fallback(fallback), record_rate_denials=record_rate_denials,
         batching=batching, max_batch=max_batch, durability=durability, metrics=metrics,
         abuse=abuse,
@@ -826,6 +855,8 @@ def connect_async(
     count_denied: bool = True,
     clock: Clock | str = time.time,
     pool_size: int = 10,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    prepared_statements: bool | None = None,
     timeout: float = 10.0,
     fallback: bool | Fallback = False,
     record_rate_denials: bool = False,
@@ -846,6 +877,7 @@ def connect_async(
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
+        idle_timeout=idle_timeout, prepared_statements=prepared_statements,
         fallback=_fallback(fallback), record_rate_denials=record_rate_denials,
         batching=batching, max_batch=max_batch, durability=durability, metrics=metrics,
         abuse=abuse,

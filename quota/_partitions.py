@@ -117,7 +117,7 @@ def maintain(now: float, cutoff: int) -> Generator[Statement, Rows, int]:
 
     Does nothing (one catalog query) when the counters table is not
     partitioned. Runs without a transaction of its own, under cleanup's
-    advisory lock; each DDL statement commits on its own.
+    advisory lock; each DDL statement commits on its own (`_ddl`).
     """
     rows = yield IS_PARTITIONED, ()
     if not rows:
@@ -133,19 +133,30 @@ def maintain(now: float, cutoff: int) -> Generator[Statement, Rows, int]:
         if match:
             ranges.append((str(name), int(match[1]), int(match[2])))
     existing = {low for _, low, _ in ranges}
-    # A DDL statement waiting for the parent's lock queues every hit behind
-    # it: give up after a moment instead (the next cleanup tries again).
-    yield "SET lock_timeout = '2s'", ()
-    # Each DDL statement holds the parent's lock until its commit returns:
-    # don't make every hit wait for a WAL flush too. A crash can only undo
-    # the last partitions created or dropped, which the next cleanup redoes.
-    yield "SET synchronous_commit = off", ()
+    return (yield from _create_and_drop(ranges, existing, logged, now, cutoff))
+
+
+#: Settings of one DDL statement's own transaction (``SET LOCAL``: nothing stays on the
+#: connection, which may be shared through a transaction pooler). A DDL statement waiting
+#: for the parent's lock queues every hit behind it: give up after a moment instead (the
+#: next cleanup tries again). It holds the parent's lock until its commit returns: don't
+#: make every hit wait for a WAL flush too; a crash can only undo the last partitions
+#: created or dropped, which the next cleanup redoes.
+DDL_SETTINGS = (
+    "SELECT set_config('lock_timeout', '2s', true), set_config('synchronous_commit', 'off', true)"
+)
+
+
+def _ddl(statement: str) -> Generator[Statement, Rows, None]:
+    """Run one DDL statement in a transaction of its own, under `DDL_SETTINGS`."""
+    yield "BEGIN", ()
     try:
-        dropped = yield from _create_and_drop(ranges, existing, logged, now, cutoff)
-    finally:  # the connection goes back to its pool: no setting may stay behind
-        yield "RESET synchronous_commit", ()
-        yield "RESET lock_timeout", ()
-    return dropped
+        yield DDL_SETTINGS, ()
+        yield statement, ()
+    except BaseException:
+        yield "ROLLBACK", ()
+        raise
+    yield "COMMIT", ()
 
 
 def _create_and_drop(
@@ -153,7 +164,7 @@ def _create_and_drop(
 ) -> Generator[Statement, Rows, int]:
     for start in starts_between(now, now + AHEAD):
         if start not in existing:
-            yield create_partition_sql(start, logged), ()
+            yield from _ddl(create_partition_sql(start, logged))
     dropped = 0
     for name, _low, high in sorted(ranges, key=lambda r: r[1]):
         if high > cutoff:
@@ -162,7 +173,7 @@ def _create_and_drop(
         rows = yield f"SELECT max(window_start + window_seconds) FROM {table}", ()
         if rows[0][0] is not None and rows[0][0] >= cutoff:
             continue  # a window in it is still running: row cleanup deals with the rest
-        yield f"ALTER TABLE quota_counters DETACH PARTITION {table}", ()
+        yield from _ddl(f"ALTER TABLE quota_counters DETACH PARTITION {table}")
         # A live window that reached the partition after the check goes back
         # to the table (its range has no partition now: the default one).
         moved = yield (
@@ -175,6 +186,6 @@ def _create_and_drop(
             (cutoff,),
         )
         rows = yield f"SELECT count(*) FROM {table}", ()
-        yield f"DROP TABLE {table}", ()
+        yield from _ddl(f"DROP TABLE {table}")
         dropped += int(rows[0][0]) - len(moved)
     return dropped

@@ -1,14 +1,36 @@
 """PostgreSQL stores: `asyncpg` for the async face, `psycopg` 3 for the sync one.
 
-Statements are prepared once per connection (asyncpg: prepared statements
-the store keeps per connection; psycopg with ``prepare_threshold=0``) and run in autocommit, so a decision is
-one round trip. psycopg is an optional extra: ``pip install 'quota[postgres]'``.
+Both faces borrow a connection from a bounded pool (at most ``pool_size``)
+for one call and give it back clean: a connection that comes back from a
+cancelled or failed call, or with a transaction still open, is rolled back
+or closed before anyone reuses it. Statements run in autocommit, so a
+decision is one round trip.
+
+Two connection modes:
+
+* **direct** (the default; also a session-mode pooler): each connection
+  prepares its statements once (asyncpg prepared statements of the store's
+  own; psycopg ``prepare_threshold=0``) and gets its session settings (the
+  fallback's time budget, relaxed durability) by one ``SET`` right after it
+  opens. Nothing but the database, user and password is sent at startup,
+  so a pooler never refuses the connection.
+* **transaction pooler** (``prepared_statements=False``, for PgBouncer's
+  transaction mode and poolers like it): no named prepared statements and no
+  session state at all, since consecutive statements may reach different
+  server connections. The time budget is held by the client instead
+  (asyncpg's per-call timeout; on the sync face a watchdog thread that
+  cancels a statement past its deadline); settings a transaction needs are
+  ``SET LOCAL``.
+
+psycopg is an optional extra: ``pip install 'quota[postgres]'``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -17,6 +39,7 @@ import asyncpg
 
 from quota import _partitions, _sql
 from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
+from quota._pool import DEFAULT_IDLE_TIMEOUT, SyncPool
 from quota._schema import check_version, migrate_hint
 from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
@@ -27,30 +50,58 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: ``durability="relaxed"``: every connection commits without waiting for the WAL flush.
-RELAXED_SETTINGS = {"synchronous_commit": "off"}
 #: Inside a multi-statement transaction: lift the fallback's time budget.
 UNBUDGETED_TRANSACTION = (
     "SELECT set_config('statement_timeout', '30s', true), set_config('lock_timeout', '30s', true)"
 )
+#: ... and, under ``durability="relaxed"``, keep durable quota commits synchronous.
+DURABLE_TRANSACTION = "SET LOCAL synchronous_commit = on"
 
 
-def _settings(relaxed: bool, statement_timeout: float | None) -> dict[str, str] | None:
-    """Server settings of the async store's connections: durability and time budget."""
-    settings = dict(RELAXED_SETTINGS) if relaxed else {}
+def session_settings(relaxed: bool, statement_timeout: float | None) -> str | None:
+    """The statement a direct connection runs once when it opens: durability and time budget."""
+    settings = [("synchronous_commit", "off")] if relaxed else []
     if statement_timeout:
         ms = str(max(1, int(statement_timeout * 1000)))
-        settings.update(statement_timeout=ms, lock_timeout=ms)
-    return settings or None
+        settings += [("statement_timeout", ms), ("lock_timeout", ms)]
+    if not settings:
+        return None
+    return "SELECT " + ", ".join(f"set_config('{name}', '{value}', false)" for name, value in settings)
 
 
-#: ... except inside a transaction of `run`: durable quotas keep every commit synchronous.
-DURABLE_TRANSACTION = "SET LOCAL synchronous_commit = on"
+def check_pooler_options(url: str, prepared_statements: bool, relaxed: bool) -> None:
+    """Refuse what a transaction pooler cannot do: session-wide relaxed durability."""
+    if not prepared_statements and relaxed:
+        raise ConfigurationError(
+            f"durability='relaxed' with prepared_statements=False ({redact(url)}): behind a"
+            " transaction pooler a session SET would reach other clients' connections; set it"
+            " on the role instead (ALTER ROLE … SET synchronous_commit = off) and leave"
+            " durability='full'"
+        )
 
 
 def _is_undefined_table(exc: BaseException) -> bool:
     # asyncpg.UndefinedTableError and psycopg.errors.UndefinedTable both carry SQLSTATE 42P01.
     return getattr(exc, "sqlstate", None) == "42P01"
+
+
+#: SQLSTATEs of prepared statements a transaction pooler lost or mixed up:
+#: invalid_sql_statement_name ("does not exist") and duplicate_prepared_statement.
+_POOLER_SQLSTATES = ("26000", "42P05")
+#: SQLSTATE classes of an outage rather than of a statement: connection
+#: exception, insufficient resources, operator intervention (shutdown, the
+#: statement timeout's query_canceled), system error; and lock_not_available
+#: (the lock timeout).
+_OUTAGE_CLASSES = ("08", "53", "57", "58", "XX")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True when `exc` says the database is unreachable, overloaded or too slow, not that a
+    statement is wrong: only such errors may mark a store down (`quota._resilience`)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is None:
+        return True  # no answer from the server at all: a socket, a timeout, a closed connection
+    return sqlstate[:2] in _OUTAGE_CLASSES or sqlstate == "55P03"
 
 
 def wrap_error(exc: BaseException, url: str) -> QuotaError:
@@ -59,7 +110,15 @@ def wrap_error(exc: BaseException, url: str) -> QuotaError:
         return exc
     if _is_undefined_table(exc):
         return SchemaError(f"{exc}; the quota tables are missing, run `{migrate_hint(url)}`")
-    return StorageError(f"PostgreSQL error on {redact(url)}: {type(exc).__name__}: {exc}")
+    message = f"PostgreSQL error on {redact(url)}: {type(exc).__name__}: {exc}"
+    if getattr(exc, "sqlstate", None) in _POOLER_SQLSTATES:
+        message += (
+            "; a transaction pooler (PgBouncer) in front of the database loses prepared"
+            " statements: connect with prepared_statements=False (or ?prepared_statements=false)"
+        )
+    if isinstance(exc, TimeoutError) and not str(exc):
+        message += "the call outlived its time budget"
+    return StorageError(message, outage=is_outage(exc))
 
 
 #: What a prepared statement raises once the schema changed under it.
@@ -70,41 +129,62 @@ _STALE_STATEMENT = (
 
 
 class _Pool:
-    """The smallest connection pool that does the job: idle connections on a stack.
+    """The async store's pool: idle connections on a stack, at most `size` open.
 
     asyncpg's own pool costs several coroutine hops, a proxy object and a
     reset per acquire/release: as much client CPU as the hot statement
     itself. The hot path holds a connection for exactly one statement, so a
-    stack of idle connections and a queue of waiters is all it needs. A
-    connection found closed on release is dropped; its slot reopens on demand.
+    stack of idle connections and a queue of waiters is all it needs.
+
+    Only a clean connection goes back on the stack (`release`): one that
+    comes back from a cancelled call, an outage-class error or with a
+    transaction open is closed instead (`discard`), and its slot reopens on
+    demand, so no caller ever finds a connection mid-operation or
+    mid-transaction. Connections idle for `idle_timeout` seconds are closed.
     """
 
     def __init__(
-        self, dsn: str, size: int, timeout: float, wait_timeout: float | None = None,
-        server_settings: dict[str, str] | None = None,
+        self, dsn: str, size: int, timeout: float, wait_timeout: float, *,
+        setup: str | None, prepared_statements: bool, idle_timeout: float,
     ) -> None:  # fmt: skip
         self._dsn = dsn
-        self._server_settings = server_settings
+        self._setup = setup
+        self._statement_cache = 100 if prepared_statements else 0
         self._size = size
         self._timeout = timeout
         self._wait_timeout = wait_timeout
-        self._idle: list[asyncpg.Connection] = []
+        self._idle_timeout = idle_timeout
+        #: Idle connections, most recently released last, with their release time.
+        self._idle: list[tuple[asyncpg.Connection, float]] = []
         self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
         self._open = 0
         self._all: set[asyncpg.Connection] = set()
+        self._reaper: asyncio.TimerHandle | None = None
+        self._closed = False
         #: Each open connection's prepared statements, by text (see `AsyncPostgresStore.execute`).
         self.prepared: dict[asyncpg.Connection, dict[str, Any]] = {}
 
+    @property
+    def open(self) -> int:
+        """Connections open now, idle or lent."""
+        return self._open
+
+    def try_acquire(self) -> asyncpg.Connection | None:
+        """An idle connection without awaiting anything, or None."""
+        if self._idle:
+            return self._idle.pop()[0]
+        return None
+
     async def acquire(self) -> asyncpg.Connection:
         if self._idle:
-            return self._idle.pop()
+            return self._idle.pop()[0]
         while True:
+            if self._closed:
+                raise StorageError("the connection pool is closed")
             if self._open < self._size:
                 self._open += 1
                 try:
-                    conn: asyncpg.Connection = await asyncpg.connect(
-                        self._dsn, timeout=self._timeout, server_settings=self._server_settings
-                    )
+                    conn = await self.connect()
                 except BaseException:
                     self._open -= 1
                     self._wake(None)
@@ -117,27 +197,57 @@ class _Pool:
             )
             self._waiters.append(waiter)
             try:
-                if self._wait_timeout is None:
-                    handed = await waiter
-                else:  # all connections busy: a bounded wait under a fallback's budget
-                    handed = await asyncio.wait_for(waiter, self._wait_timeout)
-            except BaseException:
+                handed = await asyncio.wait_for(waiter, self._wait_timeout)
+            except BaseException as exc:
                 # Cancelled just as a connection was handed over: pass it on.
                 if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
                     self.release(waiter.result())
+                if isinstance(exc, asyncio.TimeoutError):
+                    raise StorageError(
+                        f"all {self._size} connections stayed busy for {self._wait_timeout:g}s"
+                        " (raise pool_size, or look for slow statements)"
+                    ) from exc
                 raise
             if handed is not None:
                 return handed
             # None: a slot was freed by a dropped connection; go round and open one.
 
+    async def connect(self) -> asyncpg.Connection:
+        """A new connection set up like the pool's, not counted in it: the caller closes it."""
+        conn: asyncpg.Connection = await asyncpg.connect(
+            self._dsn, timeout=self._timeout, statement_cache_size=self._statement_cache
+        )
+        if self._setup is not None:
+            try:
+                await asyncio.wait_for(conn.execute(self._setup), self._timeout)
+            except BaseException:
+                conn.terminate()
+                raise
+        return conn
+
     def release(self, conn: asyncpg.Connection) -> None:
-        if conn.is_closed():
+        """Give back a connection whose last call ended cleanly (no transaction open)."""
+        if self._closed or conn.is_closed():
+            self.discard(conn)
+        elif not self._wake(conn):
+            self._idle.append((conn, time.monotonic()))
+            if self._reaper is None:
+                self._schedule_reap()
+
+    def discard(self, conn: asyncpg.Connection) -> None:
+        """Close a connection that must not be reused; its slot reopens on demand.
+
+        `terminate` closes the socket at once (no await, so a cancelled
+        caller can do it too); the server rolls back whatever the connection
+        had open.
+        """
+        if conn in self._all:
             self._all.discard(conn)
             self.prepared.pop(conn, None)
             self._open -= 1
             self._wake(None)
-        elif not self._wake(conn):
-            self._idle.append(conn)
+        if not conn.is_closed():
+            conn.terminate()
 
     def _wake(self, conn: asyncpg.Connection | None) -> bool:
         while self._waiters:
@@ -147,22 +257,61 @@ class _Pool:
                 return True
         return False
 
+    def _schedule_reap(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._reaper = loop.call_later(max(self._idle_timeout / 4, 0.01), self.reap)
+
+    def reap(self) -> int:
+        """Close connections idle for longer than `idle_timeout`; return how many."""
+        self._reaper = None
+        cutoff = time.monotonic() - self._idle_timeout
+        stale = 0
+        while stale < len(self._idle) and self._idle[stale][1] <= cutoff:
+            stale += 1  # the oldest are first; a busy pool reuses the last ones
+        for conn, _ in self._idle[:stale]:
+            self.discard(conn)
+        del self._idle[:stale]
+        if self._idle and not self._closed:
+            self._schedule_reap()
+        return stale
+
     async def close(self) -> None:
-        conns, self._all, self._idle = list(self._all), set(), []
-        self._open = 0
-        self.prepared = {}
-        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+        """Close the idle connections; each lent one is closed when it comes back."""
+        self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        idle, self._idle = [conn for conn, _ in self._idle], []
+        for conn in idle:
+            self._all.discard(conn)
+            self.prepared.pop(conn, None)
+            self._open -= 1
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        await asyncio.gather(*(c.close(timeout=self._timeout) for c in idle), return_exceptions=True)
+        for conn in idle:
+            if not conn.is_closed():
+                conn.terminate()
+
+
+def _reusable(exc: BaseException) -> bool:
+    """True when the connection a call failed on may be reused: the server answered the
+    statement with an error (and asyncpg read the answer to its end), nothing worse."""
+    return isinstance(exc, asyncpg.PostgresError) and not is_outage(exc)
 
 
 class AsyncPostgresStore:
-    """Async PostgreSQL store on a small pool of `asyncpg` connections."""
+    """Async PostgreSQL store on a bounded pool of `asyncpg` connections."""
 
     dialect = "postgresql"
 
     def __init__(
         self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
         db_clock: bool = False, statement_timeout: float | None = None, relaxed: bool = False,
+        prepared_statements: bool = True, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:  # fmt: skip
+        check_pooler_options(url, prepared_statements, relaxed)
         self.url = url
         self.db_clock = db_clock
         self._bind = _sql.Binder("numeric_dollar", "postgresql", db_clock)
@@ -170,14 +319,17 @@ class AsyncPostgresStore:
         self._relaxed = relaxed
         self._partitioned = False
         self._dsn = dsn
-        # A fallback's time budget, enforced by the server (statement_timeout
-        # and lock_timeout on every connection): asyncpg's client-side
-        # timeout= costs about 10 µs a query, as much as the rest of the
-        # limiter. A server that stops answering altogether is caught at
-        # connect time (the fallback's warm-up and probe).
+        self._prepared_statements = prepared_statements
+        # A fallback's time budget. Direct: enforced by the server
+        # (statement_timeout and lock_timeout set on each connection), since
+        # asyncpg's client-side timeout= costs about 10 µs a query, as much as
+        # the rest of the limiter. Behind a transaction pooler no session
+        # setting can be made, so the client holds the budget (`_budget`).
         self._statement_timeout = statement_timeout
+        self._budget = None if prepared_statements else statement_timeout
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
+        self._idle_timeout = idle_timeout
         self._pool: _Pool | None = None
         self._starting: asyncio.Lock | None = None
 
@@ -188,8 +340,11 @@ class AsyncPostgresStore:
             if self._pool is not None:
                 return self._pool
             pool = _Pool(
-                self._dsn, self._pool_size, self._connect_timeout, self._statement_timeout,
-                server_settings=_settings(self._relaxed, self._statement_timeout),
+                self._dsn, self._pool_size, self._connect_timeout,
+                self._statement_timeout or self._connect_timeout,
+                setup=session_settings(self._relaxed, self._statement_timeout)
+                if self._prepared_statements else None,
+                prepared_statements=self._prepared_statements, idle_timeout=self._idle_timeout,
             )  # fmt: skip
             try:
                 conn = await pool.acquire()
@@ -198,7 +353,11 @@ class AsyncPostgresStore:
                     self._partitioned = bool(await conn.fetchval(_partitions.IS_PARTITIONED))
                 except asyncpg.UndefinedTableError:
                     rows = None
-                finally:
+                    pool.release(conn)
+                except BaseException:
+                    pool.discard(conn)
+                    raise
+                else:
                     pool.release(conn)
                 check_version(rows, self.url)
             except BaseException as exc:
@@ -222,36 +381,57 @@ class AsyncPostgresStore:
         else:
             sql, params = self._bind(sql, params)  # type: ignore[arg-type]
         pool = self._pool
-        if pool is not None and pool._idle:  # the hot path: an idle connection, no awaits
-            conn = pool._idle.pop()
-        else:  # the first call also finds out whether the table is partitioned
+        conn = pool.try_acquire() if pool is not None else None  # the hot path: no awaits
+        if conn is None:  # the first call also finds out whether the table is partitioned
             pool, conn = await self._acquire()
+        assert pool is not None
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)
         try:
-            # A prepared statement of our own per connection and text: asyncpg's
-            # `fetch(text)` path (statement cache, timers) costs ~5 µs of client
-            # CPU a call more, a tenth of a decision.
-            prepared = pool.prepared[conn]
-            statement = prepared.get(sql)
-            if statement is None:
-                statement = prepared[sql] = await conn.prepare(sql)
-            try:
-                return await statement.fetch(*params)  # type: ignore[no-any-return]
-            except _STALE_STATEMENT:
-                # The schema changed under the statement (a migration): drop
-                # it; asyncpg's own path prepares afresh and retries.
-                prepared.pop(sql, None)
-                return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
-        except Exception as exc:
-            raise wrap_error(exc, self.url) from exc
-        finally:
-            pool.release(conn)
+            if self._prepared_statements:
+                rows = await self._fetch_prepared(pool, conn, sql, params)  # type: ignore[arg-type]
+            else:
+                rows = await conn.fetch(sql, *params, timeout=self._budget)
+        except BaseException as exc:
+            if _reusable(exc) and not conn.is_in_transaction():
+                pool.release(conn)
+            else:
+                pool.discard(conn)
+            if isinstance(exc, Exception):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        pool.release(conn)
+        return rows
+
+    @staticmethod
+    async def _fetch_prepared(
+        pool: _Pool, conn: asyncpg.Connection, sql: str, params: Sequence[Any]
+    ) -> Rows:
+        # A prepared statement of our own per connection and text: asyncpg's
+        # `fetch(text)` path (statement cache, timers) costs ~5 µs of client
+        # CPU a call more, a tenth of a decision.
+        prepared = pool.prepared[conn]
+        statement = prepared.get(sql)
+        if statement is None:
+            statement = prepared[sql] = await conn.prepare(sql)
+        try:
+            return await statement.fetch(*params)  # type: ignore[no-any-return]
+        except _STALE_STATEMENT:
+            # The schema changed under the statement (a migration): drop
+            # it; asyncpg's own path prepares afresh and retries.
+            prepared.pop(sql, None)
+            return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
 
     async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
         pool, conn = await self._acquire()
+        holder: list[asyncpg.Connection] = []  # the transaction holding `_sql.PG_TRY_LOCK`
 
         async def execute(sql: str, params: Sequence[Any]) -> Rows:
+            if sql is _sql.PG_TRY_LOCK or sql is _sql.PG_UNLOCK:
+                try:
+                    return await self._hold_lock(pool, holder, sql, params)
+                except Exception as exc:
+                    raise wrap_error(exc, self.url) from exc
             text = _sql.render(sql, "numeric_dollar")
             if self._partitioned:
                 text = _partitions.partitioned_sql(text)
@@ -262,21 +442,63 @@ class AsyncPostgresStore:
 
         try:
             if not transaction:
-                return await adrive(op, execute)
-            async with conn.transaction():
-                if self._relaxed:
-                    await conn.execute(DURABLE_TRANSACTION)
-                if self._statement_timeout:
-                    # The fallback's budget is for decisions in a request path;
-                    # a durable quota transaction may wait its turn.
-                    await conn.execute(UNBUDGETED_TRANSACTION)
-                return await adrive(op, execute)
-        except QuotaError:
+                result = await adrive(op, execute)
+            else:
+                async with conn.transaction():
+                    if self._relaxed:
+                        await conn.execute(DURABLE_TRANSACTION)
+                    if self._statement_timeout:
+                        # The fallback's budget is for decisions in a request path;
+                        # a durable quota transaction may wait its turn.
+                        await conn.execute(UNBUDGETED_TRANSACTION)
+                    result = await adrive(op, execute)
+        except BaseException as exc:
+            # Cancelled or failed anywhere (even inside BEGIN, before asyncpg
+            # knew of the transaction): what the server had open is rolled
+            # back with the connection, which nobody reuses.
+            if isinstance(exc, Exception) and _reusable(exc.__cause__ or exc):
+                await self._give_back(pool, conn)
+            else:
+                pool.discard(conn)
+            if isinstance(exc, Exception) and not isinstance(exc, QuotaError):
+                raise wrap_error(exc, self.url) from exc
             raise
-        except Exception as exc:
-            raise wrap_error(exc, self.url) from exc
         finally:
-            pool.release(conn)
+            for lock in holder:  # not committed by PG_UNLOCK: the server rolls it back
+                lock.terminate()
+        await self._give_back(pool, conn)
+        return result
+
+    @staticmethod
+    async def _hold_lock(
+        pool: _Pool, holder: list[asyncpg.Connection], sql: str, params: Sequence[Any]
+    ) -> Rows:
+        """`_sql.PG_TRY_LOCK` in a transaction of its own on a connection of its own
+        (one more than the pool's, for the operation's length); `_sql.PG_UNLOCK` commits it."""
+        if sql is _sql.PG_UNLOCK:
+            lock = holder.pop()
+            await lock.execute("COMMIT")
+            await lock.close()
+            return [(True,)]
+        lock = await pool.connect()
+        holder.append(lock)
+        await lock.execute("BEGIN")
+        taken = bool(await lock.fetchval(_sql.render(sql, "numeric_dollar"), *params))
+        if not taken:
+            holder.remove(lock)
+            lock.terminate()
+        return [(taken,)]
+
+    @staticmethod
+    async def _give_back(pool: _Pool, conn: asyncpg.Connection) -> None:
+        """Release `conn`, rolling back a transaction an operation left open (or closing it)."""
+        if conn.is_in_transaction():
+            try:
+                await conn.execute("ROLLBACK")
+            except BaseException:
+                pool.discard(conn)
+                raise
+        pool.release(conn)
 
     async def aclose(self) -> None:
         pool, self._pool = self._pool, None
@@ -284,14 +506,69 @@ class AsyncPostgresStore:
             await pool.close()
 
 
+class _Watchdog:
+    """Cancels sync statements that outlive the time budget (behind a transaction pooler).
+
+    Directly connected, the server holds the budget (``statement_timeout``);
+    behind a transaction pooler no session setting may be made, so this
+    thread does: a call registers its connection with a deadline, and a
+    statement still running at its deadline is cancelled (PostgreSQL's cancel
+    request, which poolers forward), failing the call with an outage error.
+    The thread sleeps on an event while nothing is in flight.
+    """
+
+    def __init__(self, budget: float) -> None:
+        self._budget = budget
+        self._due: dict[int, tuple[psycopg.Connection[Any], float]] = {}
+        self._busy = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def watch(self, conn: psycopg.Connection[Any]) -> None:
+        self._due[id(conn)] = (conn, time.monotonic() + self._budget)
+        if not self._busy.is_set():
+            if self._thread is None:
+                self._start()
+            self._busy.set()
+
+    def done(self, conn: psycopg.Connection[Any]) -> None:
+        self._due.pop(id(conn), None)
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="quota-watchdog", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            if not self._due:
+                self._busy.clear()
+                if not self._due:  # registered between the look and the clear: go round
+                    self._busy.wait()
+                continue
+            time.sleep(self._budget / 4)
+            now = time.monotonic()
+            for key, (conn, due) in list(self._due.items()):
+                if due <= now and self._due.pop(key, None) is not None:
+                    with contextlib.suppress(Exception):
+                        conn.cancel_safe(timeout=max(self._budget, 1.0))
+
+    def close(self) -> None:
+        self._closed = True
+        self._busy.set()
+
+
 class PostgresStore:
-    """Sync PostgreSQL store: one `psycopg` connection per thread."""
+    """Sync PostgreSQL store: threads borrow `psycopg` connections from a bounded pool."""
 
     dialect = "postgresql"
 
     def __init__(
-        self, dsn: str, url: str, *, connect_timeout: float = 10.0, db_clock: bool = False,
-        statement_timeout: float | None = None, relaxed: bool = False,
+        self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
+        db_clock: bool = False, statement_timeout: float | None = None, relaxed: bool = False,
+        prepared_statements: bool = True, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:  # fmt: skip
         try:
             import psycopg
@@ -300,93 +577,129 @@ class PostgresStore:
                 f"url {url!r} needs psycopg 3 for the sync face: pip install 'quota[postgres]'"
                 " (or use quota.connect_async() with asyncpg)"
             ) from exc
+        check_pooler_options(url, prepared_statements, relaxed)
         self._psycopg = psycopg
         self.url = url
         self.db_clock = db_clock
         self._bind = _sql.Binder("format", "postgresql", db_clock)
         self._dsn = dsn
         self._connect_timeout = connect_timeout
-        # Server-side bound on each statement (and lock wait), for the fallback's time budget.
-        self._options = (
-            f"-c statement_timeout={max(1, int(statement_timeout * 1000))}"
-            f" -c lock_timeout={max(1, int(statement_timeout * 1000))}"
-            if statement_timeout
-            else None
+        self._prepared_statements = prepared_statements
+        # Direct: the fallback's budget (and relaxed durability) is set on each
+        # connection as it opens; behind a transaction pooler, a watchdog holds it.
+        self._setup = session_settings(relaxed, statement_timeout) if prepared_statements else None
+        self._watchdog = (
+            _Watchdog(statement_timeout) if statement_timeout and not prepared_statements else None
         )
-        if relaxed:
-            self._options = " ".join(
-                [*([self._options] if self._options else []), "-c synchronous_commit=off"]
-            )
         self._relaxed = relaxed
         self._budgeted = statement_timeout is not None
+        self._pool_size = pool_size
+        self._wait_timeout = statement_timeout or connect_timeout
+        self._idle_timeout = idle_timeout
         self._partitioned = False
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._connections: list[psycopg.Connection[Any]] = []
         self._schema_checked = False
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> SyncPool[psycopg.Connection[Any]]:
+        return SyncPool(
+            self._open, _close_quietly, size=self._pool_size, wait_timeout=self._wait_timeout,
+            idle_timeout=self._idle_timeout,
+        )  # fmt: skip
 
     def _open(self) -> psycopg.Connection[Any]:
         try:
-            extra: dict[str, Any] = {"options": self._options} if self._options else {}
             conn = self._psycopg.connect(
-                self._dsn, autocommit=True, prepare_threshold=0,
-                connect_timeout=max(1, int(self._connect_timeout)), **extra,
+                self._dsn, autocommit=True,
+                prepare_threshold=0 if self._prepared_statements else None,
+                connect_timeout=max(1, int(self._connect_timeout)),
             )  # fmt: skip
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
-        if not self._schema_checked:
-            try:
-                rows: Rows | None = conn.execute(_sql.SCHEMA_VERSION).fetchall()
-                self._partitioned = conn.execute(_partitions.IS_PARTITIONED).fetchone() is not None
-            except Exception as exc:
-                if not _is_undefined_table(exc):
-                    conn.close()
-                    raise wrap_error(exc, self.url) from exc
-                rows = None
-            try:
+        try:
+            if self._setup is not None:
+                conn.execute(self._setup)
+            if not self._schema_checked:
+                try:
+                    rows: Rows | None = conn.execute(_sql.SCHEMA_VERSION).fetchall()
+                    self._partitioned = (
+                        conn.execute(_partitions.IS_PARTITIONED).fetchone() is not None
+                    )
+                except Exception as exc:
+                    if not _is_undefined_table(exc):
+                        raise
+                    rows = None
                 check_version(rows, self.url)
-            except SchemaError:
-                conn.close()
-                raise
-            self._schema_checked = True
-        with self._lock:
-            self._connections.append(conn)
-        self._local.conn = conn
-        return conn
-
-    def _conn(self) -> psycopg.Connection[Any]:
-        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
-            conn = self._open()
-        return conn
-
-    def _fail(self, conn: psycopg.Connection[Any], exc: Exception) -> QuotaError:
-        if conn.broken or conn.closed:
-            # Drop it: the next call on this thread reconnects.
-            self._local.conn = None
-            with self._lock:
-                if conn in self._connections:
-                    self._connections.remove(conn)
+                self._schema_checked = True
+        except BaseException as exc:
             conn.close()
-        return wrap_error(exc, self.url)
+            if isinstance(exc, Exception) and not isinstance(exc, QuotaError):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        return conn
+
+    def _give_back(
+        self, pool: SyncPool[psycopg.Connection[Any]], conn: psycopg.Connection[Any],
+        exc: BaseException | None = None,
+    ) -> None:  # fmt: skip
+        """Return `conn` to `pool` clean: roll back what a failed call left open, or close it."""
+        if exc is not None and not isinstance(exc, Exception):
+            pool.discard(conn)  # interrupted mid-call (KeyboardInterrupt…): state unknown
+            return
+        if conn.broken or conn.closed:
+            pool.discard(conn)
+            return
+        if conn.info.transaction_status != 0:  # not IDLE: a transaction is open or failed
+            try:
+                conn.rollback()
+            except Exception:
+                pool.discard(conn)
+                return
+        pool.release(conn)
 
     def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         if sql.__class__ is str:
             sql = _sql.render(sql, "format")
         else:
             sql, params = self._bind(sql, params)  # type: ignore[arg-type]
-        conn = self._conn()
+        pool = self._pool
+        try:
+            conn = pool.acquire()
+        except Exception as exc:
+            raise wrap_error(exc, self.url) from exc
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)
+        watchdog = self._watchdog
         try:
-            return conn.execute(sql, params).fetchall()
-        except Exception as exc:
-            raise self._fail(conn, exc) from exc
+            if watchdog is None:
+                rows = conn.execute(sql, params).fetchall()
+            else:
+                watchdog.watch(conn)
+                try:
+                    rows = conn.execute(sql, params).fetchall()
+                finally:
+                    watchdog.done(conn)
+        except BaseException as exc:
+            self._give_back(pool, conn, exc)
+            if isinstance(exc, Exception):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        pool.release(conn)
+        return rows
 
     def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
-        conn = self._conn()
+        pool = self._pool
+        try:
+            conn = pool.acquire()
+        except Exception as exc:
+            raise wrap_error(exc, self.url) from exc
+        holder: list[psycopg.Connection[Any]] = []  # the transaction holding `_sql.PG_TRY_LOCK`
 
         def execute(sql: str, params: Sequence[Any]) -> Rows:
+            if sql is _sql.PG_TRY_LOCK or sql is _sql.PG_UNLOCK:
+                try:
+                    return self._hold_lock(holder, sql, params)
+                except Exception as exc:
+                    raise wrap_error(exc, self.url) from exc
             text = _sql.render(sql, "format")
             if self._partitioned:
                 text = _partitions.partitioned_sql(text)
@@ -395,25 +708,63 @@ class PostgresStore:
                 # DDL (partition maintenance) returns no rows at all.
                 return cursor.fetchall() if cursor.description is not None else []
             except Exception as exc:
-                raise self._fail(conn, exc) from exc
+                raise wrap_error(exc, self.url) from exc
 
-        if not transaction:
-            return drive(op, execute)
         try:
-            with conn.transaction():
-                if self._relaxed:
-                    conn.execute(DURABLE_TRANSACTION)
-                if self._budgeted:
-                    conn.execute(UNBUDGETED_TRANSACTION)
-                return drive(op, execute)
-        except QuotaError:
+            if not transaction:
+                result = drive(op, execute)
+            else:
+                with conn.transaction():
+                    if self._relaxed:
+                        conn.execute(DURABLE_TRANSACTION)
+                    if self._budgeted:
+                        conn.execute(UNBUDGETED_TRANSACTION)
+                    result = drive(op, execute)
+        except BaseException as exc:
+            self._give_back(pool, conn, exc)
+            if isinstance(exc, Exception) and not isinstance(exc, QuotaError):
+                raise wrap_error(exc, self.url) from exc
             raise
-        except Exception as exc:
-            raise self._fail(conn, exc) from exc
+        finally:
+            for lock in holder:  # not committed by PG_UNLOCK: closing rolls it back
+                _close_quietly(lock)
+        self._give_back(pool, conn)
+        return result
+
+    def _hold_lock(
+        self, holder: list[psycopg.Connection[Any]], sql: str, params: Sequence[Any]
+    ) -> Rows:
+        """`_sql.PG_TRY_LOCK` in a transaction of its own on a connection of its own
+        (one more than the pool's, for the operation's length); `_sql.PG_UNLOCK` commits it."""
+        if sql is _sql.PG_UNLOCK:
+            lock = holder.pop()
+            lock.execute("COMMIT")
+            lock.close()
+            return [(True,)]
+        lock = self._open()
+        holder.append(lock)
+        lock.execute("BEGIN")
+        row = lock.execute(_sql.render(sql, "format"), params).fetchone()
+        taken = bool(row and row[0])
+        if not taken:
+            holder.remove(lock)
+            lock.close()
+        return [(taken,)]
+
+    @property
+    def pool(self) -> SyncPool[psycopg.Connection[Any]]:
+        """The connection pool (for tests and diagnostics)."""
+        return self._pool
 
     def close(self) -> None:
-        with self._lock:
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
-        self._local = threading.local()
+        """Close every connection; the store opens new ones if it is used again."""
+        pool, self._pool = self._pool, self._new_pool()
+        pool.close()
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = _Watchdog(self._watchdog._budget)
+
+
+def _close_quietly(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()

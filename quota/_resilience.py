@@ -61,6 +61,14 @@ class Fallback:
             raise ConfigurationError(f"max_keys must be a positive integer, got {self.max_keys!r}")
 
 
+def _is_outage(exc: QuotaError) -> bool:
+    """True for a `StorageError` that says the database is unreachable or too slow; False
+    for one about the statement itself. A `ConfigurationError` is raised again."""
+    if isinstance(exc, ConfigurationError):
+        raise exc  # the caller's own mistake: never decided from memory
+    return isinstance(exc, StorageError) and exc.outage
+
+
 class StoreDown(StorageError):
     """The store is down and this call may not fall back (a fail-closed limit)."""
 
@@ -77,6 +85,8 @@ class _Health:
         self._lock = threading.Lock()
         # bucket_key -> [client_key, window_start, window, cost, window_end]
         self._owed: dict[str, list[Any]] = {}
+        self._failed_statements = 0
+        self._next_statement_log = 0.0
 
     def mark_down(self, exc: BaseException) -> bool:
         """Record a failure; True if this call flipped the state (start a probe)."""
@@ -91,6 +101,28 @@ class _Health:
             self.url, type(exc).__name__, exc,
         )  # fmt: skip
         return True
+
+    def statement_failed(self, exc: QuotaError) -> None:
+        """Log a statement error that is no outage: loudly, at most once a probe interval.
+
+        Such an error (a pooler that lost a prepared statement, a permission
+        missing) would fail every call alike; taking it for an outage would
+        quietly make every process decide from its own memory. The store stays
+        up, this call is decided from memory, and the log says what is wrong.
+        """
+        now = time.monotonic()
+        with self._lock:
+            self.last_error = exc
+            self._failed_statements += 1
+            if now < self._next_statement_log:
+                return
+            self._next_statement_log = now + self.settings.probe_interval
+            failed, self._failed_statements = self._failed_statements, 0
+        log.error(
+            "quota: store %s rejected %d statement(s), deciding them from memory (the store is"
+            " not down, so nothing is shared between processes for these calls): %s",
+            self.url, failed, exc,
+        )  # fmt: skip
 
     def mark_up(self, reconciled: int) -> None:
         with self._lock:
@@ -144,8 +176,9 @@ class ResilientStore:
             try:
                 return self.primary.execute(sql, params)
             except QuotaError as exc:
-                if isinstance(exc, ConfigurationError):
-                    raise
+                if not _is_outage(exc):
+                    self.health.statement_failed(exc)
+                    return self.memory.execute(sql, params)
                 self._down(exc)
         rows = self.memory.execute(sql, params)
         self.health.owe(sql, params, rows)
@@ -158,7 +191,7 @@ class ResilientStore:
         try:
             return self.primary.execute(sql, params)
         except QuotaError as exc:
-            if isinstance(exc, ConfigurationError):
+            if not _is_outage(exc):
                 raise
             self._down(exc)
             raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
@@ -222,12 +255,13 @@ class AsyncResilientStore:
             if warming and not await self._warmed():
                 return await self._memory(sql, params)
             try:
-                # The store's own timeouts (asyncpg's per-query timeout, the
-                # SQLite busy timeout) hold each call to the budget.
+                # The store's own timeouts (the server's statement and lock
+                # timeouts, the SQLite busy timeout) hold each call to the budget.
                 return await self.primary.execute(sql, params)
             except QuotaError as exc:
-                if isinstance(exc, ConfigurationError):
-                    raise
+                if not _is_outage(exc):
+                    self.health.statement_failed(exc)
+                    return await self.memory.execute(sql, params)
                 self._down(exc)
         return await self._memory(sql, params)
 
@@ -265,7 +299,7 @@ class AsyncResilientStore:
         try:
             return await self.primary.execute(sql, params)
         except QuotaError as exc:
-            if isinstance(exc, ConfigurationError):
+            if not _is_outage(exc):
                 raise
             self._down(exc)
             raise StoreDown(f"store {self.health.url} is down: {exc}") from exc

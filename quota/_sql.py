@@ -73,8 +73,12 @@ SCHEMA_VERSION = f"SELECT version_num FROM {VERSION_TABLE}"
 #: PostgreSQL only: one cleanup at a time across every app instance.
 #: The lock id is the first 8 bytes of sha256("quota.cleanup"), fixed forever.
 CLEANUP_LOCK_ID = 0x3A1F_4C2B_9D0E_7A65 - 2**63
-PG_TRY_LOCK = "SELECT pg_try_advisory_lock(?)"
-PG_UNLOCK = "SELECT pg_advisory_unlock(?)"
+#: An operation run without a transaction yields these two to hold a lock across its
+#: statements. The PostgreSQL stores take the lock in a transaction of its own on a
+#: connection of its own, held open until `PG_UNLOCK` (or the operation's end) commits
+#: it: transaction-scoped, so it works through a transaction pooler and can never leak.
+PG_TRY_LOCK = "SELECT pg_try_advisory_xact_lock(?)"
+PG_UNLOCK = "COMMIT -- quota: ends the transaction of PG_TRY_LOCK"
 
 _PLACEHOLDER = re.compile(r"\?")
 

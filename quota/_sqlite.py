@@ -14,13 +14,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import aiosqlite
 
 from quota import _sql
 from quota._errors import ConfigurationError, SchemaError, StorageError
+from quota._pool import DEFAULT_IDLE_TIMEOUT, SyncPool
 from quota._schema import check_version, migrate_hint
 from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
@@ -110,13 +111,19 @@ def _version_rows(execute: Any) -> Rows | None:
 
 
 class SQLiteStore:
-    """Sync SQLite store: one `sqlite3` connection per thread."""
+    """Sync SQLite store: threads borrow `sqlite3` connections from a bounded pool.
+
+    A connection (with its reused cursor) is lent for one call; at most
+    ``pool_size`` are open, whatever the number of threads, so a
+    thread-per-request server holds a few file descriptors, not two per
+    thread that ever called.
+    """
 
     dialect = "sqlite"
 
     def __init__(
         self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False,
-        serialize: bool = False,
+        serialize: bool = False, pool_size: int = 10, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:  # fmt: skip
         _check_sqlite_version()
         self.url = url
@@ -124,9 +131,8 @@ class SQLiteStore:
         self._bind = _sql.Binder("qmark", "sqlite", db_clock)
         self._path = path
         self._busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._connections: list[sqlite3.Connection] = []
+        self._pool_size = pool_size
+        self._idle_timeout = idle_timeout
         self._serialize: threading.Lock | None = None
         if serialize:
             # Under a short busy timeout (a fallback's budget), threads of one
@@ -135,10 +141,18 @@ class SQLiteStore:
             # past the budget and fake an outage. Processes still share the
             # file through SQLite's own locking, within the budget.
             self._serialize = threading.Lock()
-            self.execute = self._execute_one_at_a_time  # type: ignore[method-assign]
         self._schema_checked = False
+        self._pool = self._new_pool()
 
-    def _open(self) -> sqlite3.Connection:
+    def _new_pool(self) -> SyncPool[sqlite3.Cursor]:
+        # Threads of one process wait for a connection at most the busy timeout.
+        return SyncPool(
+            self._open, _close_cursor, size=self._pool_size, wait_timeout=self._busy_timeout,
+            idle_timeout=self._idle_timeout,
+        )  # fmt: skip
+
+    def _open(self) -> sqlite3.Cursor:
+        conn = None
         try:
             conn = sqlite3.connect(
                 self._path, timeout=self._busy_timeout, isolation_level=None,
@@ -148,43 +162,60 @@ class SQLiteStore:
             if not self._schema_checked:
                 check_version(_version_rows(lambda sql: conn.execute(sql).fetchall()), self.url)
                 self._schema_checked = True
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        return conn.cursor()
+
+    def _borrow(self) -> tuple[SyncPool[sqlite3.Cursor], sqlite3.Cursor]:
+        pool = self._pool
+        try:
+            return pool, pool.acquire()
         except sqlite3.Error as exc:
             raise wrap_error(exc, self.url) from exc
-        with self._lock:
-            self._connections.append(conn)
-        self._local.conn = conn
-        self._local.cursor = conn.cursor()
-        return conn
 
-    def _conn(self) -> sqlite3.Connection:
-        try:
-            conn: sqlite3.Connection = self._local.conn
-        except AttributeError:
-            conn = self._open()
-        return conn
+    @staticmethod
+    def _give_back(
+        pool: SyncPool[sqlite3.Cursor], cursor: sqlite3.Cursor, exc: BaseException | None
+    ) -> None:
+        if exc is not None and not isinstance(exc, Exception):
+            pool.discard(cursor)  # interrupted mid-call: state unknown
+            return
+        if cursor.connection.in_transaction:
+            try:
+                cursor.connection.rollback()
+            except sqlite3.Error:
+                pool.discard(cursor)
+                return
+        pool.release(cursor)
 
     def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        try:  # `_conn`, inlined: this runs once per decision
-            cursor: sqlite3.Cursor = self._local.cursor  # one per thread, reused
-        except AttributeError:
-            self._open()
-            cursor = self._local.cursor
         if sql.__class__ is not str:
             sql, params = self._bind(sql, params)  # type: ignore[arg-type]
-        try:
-            return cursor.execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise wrap_error(exc, self.url) from exc
+        serialize = self._serialize
+        if serialize is not None:
+            with serialize:
+                return self._execute(sql, params)
+        return self._execute(sql, params)
 
-    def _execute_one_at_a_time(
-        self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]
-    ) -> Rows:
-        assert self._serialize is not None
-        with self._serialize:
-            return SQLiteStore.execute(self, sql, params)
+    def _execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+        pool, cursor = self._borrow()
+        try:
+            rows = cursor.execute(sql, params).fetchall()
+        except BaseException as exc:
+            self._give_back(pool, cursor, exc)
+            if isinstance(exc, sqlite3.Error):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        pool.release(cursor)
+        return rows
 
     def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
-        conn = self._conn()
+        pool, cursor = self._borrow()
+        conn = cursor.connection
 
         def execute(sql: str, params: Sequence[Any]) -> Rows:
             try:
@@ -192,19 +223,26 @@ class SQLiteStore:
             except sqlite3.Error as exc:
                 raise wrap_error(exc, self.url) from exc
 
-        if not transaction:
-            return drive(op, execute)
-        if self._serialize is None:
-            return self._transaction(conn, op, execute)
-        # Under a fallback's short busy timeout: a durable quota transaction is
-        # no request-path decision, so it queues with this process's writers
-        # and may wait its turn on other processes for the usual time.
-        with self._serialize:
-            conn.execute(f"PRAGMA busy_timeout = {UNBUDGETED_BUSY_MS}")
-            try:
-                return self._transaction(conn, op, execute)
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        try:
+            if not transaction:
+                result = drive(op, execute)
+            elif self._serialize is None:
+                result = self._transaction(conn, op, execute)
+            else:
+                # Under a fallback's short busy timeout: a durable quota transaction is
+                # no request-path decision, so it queues with this process's writers
+                # and may wait its turn on other processes for the usual time.
+                with self._serialize:
+                    conn.execute(f"PRAGMA busy_timeout = {UNBUDGETED_BUSY_MS}")
+                    try:
+                        result = self._transaction(conn, op, execute)
+                    finally:
+                        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        except BaseException as exc:
+            self._give_back(pool, cursor, exc)
+            raise
+        self._give_back(pool, cursor, None)
+        return result
 
     @staticmethod
     def _transaction(
@@ -223,12 +261,20 @@ class SQLiteStore:
         execute("COMMIT", ())
         return result
 
+    @property
+    def pool(self) -> SyncPool[sqlite3.Cursor]:
+        """The connection pool (for tests and diagnostics)."""
+        return self._pool
+
     def close(self) -> None:
-        with self._lock:
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
-        self._local = threading.local()
+        """Close every connection; the store opens new ones if it is used again."""
+        pool, self._pool = self._pool, self._new_pool()
+        pool.close()
+
+
+def _close_cursor(cursor: sqlite3.Cursor) -> None:
+    with contextlib.suppress(sqlite3.Error):
+        cursor.connection.close()
 
 
 #: The inline connection's own automatic checkpoint is off (it would fsync on
@@ -432,14 +478,34 @@ class AsyncSQLiteStore:
         async with self._lock:
             if not transaction:
                 return await adrive(op, execute)
-            await execute("BEGIN IMMEDIATE", ())
+            # The whole transaction runs as one job on the worker thread: a
+            # task cancelled while awaiting it leaves the worker to finish,
+            # and the job itself always ends in COMMIT or ROLLBACK, so no
+            # write lock is ever left held between BEGIN and its cleanup.
+            job = asyncio.ensure_future(self._transaction(conn, op, execute))
             try:
-                result = await adrive(op, execute)
-            except BaseException:
-                await conn.rollback()
+                return await asyncio.shield(job)
+            except asyncio.CancelledError:
+                # The caller gave up; the lock is ours until the job has ended.
+                with contextlib.suppress(BaseException):
+                    await job
                 raise
+
+    @staticmethod
+    async def _transaction(
+        conn: aiosqlite.Connection,
+        op: Generator[Statement, Rows, T],
+        execute: Callable[[str, Sequence[Any]], Awaitable[Rows]],
+    ) -> T:
+        await execute("BEGIN IMMEDIATE", ())
+        try:
+            result = await adrive(op, execute)
             await execute("COMMIT", ())
-            return result
+        except BaseException:
+            if conn.in_transaction:
+                await conn.rollback()
+            raise
+        return result
 
     async def aclose(self) -> None:
         checkpoint, self._checkpoint = self._checkpoint, None

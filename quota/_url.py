@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode
 
 from quota._errors import ConfigurationError
 
@@ -86,6 +87,37 @@ class StoreURL:
             return f"sqlite:///{self.target}"
         driver = self.driver or "asyncpg"
         return f"postgresql+{driver}://{self.target.split('://', 1)[1]}"
+
+
+#: Query parameters of a PostgreSQL URL that are quota's own, not libpq's.
+QUOTA_PARAMETERS = ("prepared_statements",)
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def own_parameters(url: str, target: str) -> tuple[str, dict[str, bool]]:
+    """`target` (a libpq URL) without quota's own query parameters, and their values.
+
+    ``postgresql://app@db/app?prepared_statements=false&sslmode=require`` gives
+    the DSN with ``sslmode`` only and ``{"prepared_statements": False}``.
+    """
+    base, sep, query = target.partition("?")
+    if not sep:
+        return target, {}
+    own: dict[str, bool] = {}
+    kept: list[tuple[str, str]] = []
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in QUOTA_PARAMETERS:
+            kept.append((name, value))
+        elif value.lower() in _TRUE:
+            own[name] = True
+        elif value.lower() in _FALSE:
+            own[name] = False
+        else:
+            raise ConfigurationError(
+                f"url query parameter {name}={value!r} in {redact(url)!r} must be true or false"
+            )
+    return (f"{base}?{urlencode(kept)}" if kept else base), own
 
 
 def redact(url: str) -> str:
