@@ -232,10 +232,16 @@ def _diagnose_postgres(parsed: StoreURL, clock: Clock, timeout: float) -> list[F
             )
         ]  # fmt: skip
     try:
+        # One transaction for every check, its time budget SET LOCAL: nothing is sent
+        # at startup or left on the session (a transaction pooler refuses the one and
+        # would hand the other to its next client); no statement is prepared by name.
         conn = psycopg.connect(
-            parsed.target, autocommit=True, connect_timeout=max(1, round(timeout)),
-            options=f"-c statement_timeout={int(timeout * 1000)}",
+            parsed.target, autocommit=False, connect_timeout=max(1, round(timeout)),
+            prepare_threshold=None,
         )  # fmt: skip
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, true)", (str(int(timeout * 1000)),)
+        )
     except Exception as exc:
         return [
             Finding(
@@ -248,7 +254,8 @@ def _diagnose_postgres(parsed: StoreURL, clock: Clock, timeout: float) -> list[F
     try:
 
         def query(sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
-            return conn.execute(sql, params).fetchall()
+            with conn.transaction():  # a savepoint: a failing check leaves the others be
+                return conn.execute(sql, params).fetchall()
 
         version, user, database, standby = query(
             "SELECT current_setting('server_version'), current_user, current_database(),"

@@ -52,7 +52,7 @@ from quota._resilience import (
     retry_after_down,
 )
 from quota._store import AsyncStore, SyncStore
-from quota._url import StoreURL, own_parameters, parse_url
+from quota._url import StoreURL, parse_url
 
 Clock = Callable[[], float]
 log = logging.getLogger("quota")
@@ -697,14 +697,13 @@ def _schemaless_options(parsed: StoreURL, options: Options) -> None:
 
 def _postgres_settings(parsed: StoreURL, options: Options) -> dict[str, Any]:
     """The keywords of either PostgreSQL store: the URL's own parameters, then `options`."""
-    dsn, own = own_parameters(parsed.url, parsed.target)
     prepared = options.prepared_statements
     return {
-        "dsn": dsn, "url": parsed.url, "pool_size": options.pool_size,
+        "dsn": parsed.target, "url": parsed.url, "pool_size": options.pool_size,
         "connect_timeout": options.timeout, "db_clock": options.database_clock,
         "statement_timeout": options.fallback.timeout if options.fallback else None,
         "relaxed": options.durability == "relaxed", "idle_timeout": options.idle_timeout,
-        "prepared_statements": own.get("prepared_statements", True) if prepared is None else prepared,
+        "prepared_statements": parsed.prepared_statements if prepared is None else prepared,
     }  # fmt: skip
 
 

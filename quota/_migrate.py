@@ -89,10 +89,17 @@ def run_env(context: EnvironmentContext) -> None:
         with context.begin_transaction():
             context.run_migrations()
 
+    # Behind a transaction pooler (?prepared_statements=false): asyncpg's unnamed
+    # statements only, none cached by name on a server connection others share.
+    pooled = cfg.attributes.get("prepared_statements") is False
     if sa.make_url(url).get_dialect().is_async:
-        asyncio.run(_run_async(url, run))
+        connect_args = {"statement_cache_size": 0, "prepared_statement_cache_size": 0}
+        asyncio.run(_run_async(url, run, connect_args if pooled else {}))
     else:
-        engine = sa.create_engine(url, poolclass=sa.NullPool)
+        # psycopg: never prepare by name (it would after five runs of one text).
+        engine = sa.create_engine(
+            url, poolclass=sa.NullPool, connect_args={"prepare_threshold": None} if pooled else {}
+        )
         try:
             with engine.connect() as conn:
                 run(conn)
@@ -100,10 +107,10 @@ def run_env(context: EnvironmentContext) -> None:
             engine.dispose()
 
 
-async def _run_async(url: str, run: Any) -> None:
+async def _run_async(url: str, run: Any, connect_args: dict[str, Any]) -> None:
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    engine = create_async_engine(url, poolclass=sa.NullPool)
+    engine = create_async_engine(url, poolclass=sa.NullPool, connect_args=connect_args)
     try:
         async with engine.connect() as conn:
             await conn.run_sync(run)
@@ -139,6 +146,7 @@ def _prepare(
     if parsed.dialect == "sqlite" and not sql:
         Path(parsed.target).parent.mkdir(parents=True, exist_ok=True)
     cfg.set_main_option("sqlalchemy.url", parsed.sqlalchemy_url().replace("%", "%%"))
+    cfg.attributes["prepared_statements"] = parsed.prepared_statements
     return cfg, url
 
 

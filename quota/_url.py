@@ -14,7 +14,8 @@ keep no SQL schema: there is nothing to migrate on them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode
 
 from quota._errors import ConfigurationError
@@ -54,8 +55,15 @@ class StoreURL:
     driver: str | None
     """The explicit driver, or None for the face's default."""
     target: str
-    """The file path (SQLite), the libpq DSN without a driver (PostgreSQL), ``NAME?options``
-    (memory) or the URL itself (Redis)."""
+    """The file path (SQLite), the libpq DSN without a driver and without quota's own query
+    parameters (PostgreSQL), ``NAME?options`` (memory) or the URL itself (Redis)."""
+    parameters: Mapping[str, bool] = field(default_factory=dict)
+    """quota's own query parameters of a PostgreSQL URL (`QUOTA_PARAMETERS`)."""
+
+    @property
+    def prepared_statements(self) -> bool:
+        """False when the URL says ``?prepared_statements=false`` (a transaction pooler)."""
+        return self.parameters.get("prepared_statements", True)
 
     @property
     def is_async_driver(self) -> bool:
@@ -162,4 +170,5 @@ def parse_url(url: object) -> StoreURL:
                 " empty; give a file path, e.g. sqlite:///quota.sqlite3"
             )
         return StoreURL(url, "sqlite", driver or None, path)
-    return StoreURL(url, "postgresql", driver or None, f"postgresql://{rest}")
+    dsn, own = own_parameters(url, f"postgresql://{rest}")
+    return StoreURL(url, "postgresql", driver or None, dsn, own)
