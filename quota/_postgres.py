@@ -297,8 +297,12 @@ class _Pool:
 
 def _reusable(exc: BaseException) -> bool:
     """True when the connection a call failed on may be reused: the server answered the
-    statement with an error (and asyncpg read the answer to its end), nothing worse."""
-    return isinstance(exc, asyncpg.PostgresError) and not is_outage(exc)
+    statement with an error and asyncpg read its answer to the end (a timeout, a lock
+    wait given up, a constraint), not a lost or closing connection."""
+    if not isinstance(exc, asyncpg.PostgresError):
+        return False  # a socket error, a client-side timeout, a cancellation: state unknown
+    state = exc.sqlstate or "XX000"
+    return state[:2] not in ("08", "58", "XX") and not state.startswith("57P")
 
 
 class AsyncPostgresStore:

@@ -175,6 +175,32 @@ def test_storage_options_reach_quota_connect(sqlite_url: str) -> None:
         storage_from_string(uri, timeout="soon")
     with pytest.raises(quota.ConfigurationError, match="in-memory SQLite"):
         storage_from_string("quota+sqlite:///:memory:")
+    storage = storage_from_string(uri, idle_timeout="30", prepared_statements="false")
+    assert storage.limiter.options.idle_timeout == 30.0
+    assert storage.limiter.options.prepared_statements is False
+    with pytest.raises(quota.ConfigurationError, match="prepared_statements='maybe'"):
+        storage_from_string(uri, prepared_statements="maybe")
+
+
+@pytest.mark.postgres
+def test_many_threads_share_the_storages_bounded_pool(pg_clean_url: str) -> None:
+    """flask-limiter under a thread-per-request server: at most pool_size connections."""
+    import threading
+
+    storage = storage_from_string("quota+" + pg_clean_url, pool_size="2")
+    assert isinstance(storage, QuotaStorage)
+    limit = limits.parse("1000/hour")
+    strategy = limits.strategies.FixedWindowRateLimiter(storage)
+    threads = [threading.Thread(target=strategy.hit, args=(limit, "pooled")) for _ in range(60)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    try:
+        assert storage.get(limit.key_for("pooled")) == 60
+        assert storage.limiter.store.pool.opened <= 2  # type: ignore[attr-defined]
+    finally:
+        storage.limiter.close()
 
 
 def test_missing_tables_raise_schema_error_and_check_says_unhealthy(tmp_path: Path) -> None:

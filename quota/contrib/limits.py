@@ -17,7 +17,8 @@ Importing this module registers storage schemes with `limits`::
 The part after ``quota+`` is a `quota.connect` URL; the tables must exist
 (``quota migrate --url …``): nothing here runs DDL. Storage options (flask-limiter's
 ``storage_options``, slowapi's, or keywords to `storage_from_string`) are
-``timeout`` and ``pool_size``, as for `quota.connect`.
+``timeout``, ``pool_size``, ``idle_timeout`` and ``prepared_statements``, as for
+`quota.connect` (strings from configuration are converted).
 
 What is stored (all in ``quota_counters``, so ``quota cleanup`` sweeps it):
 
@@ -312,21 +313,33 @@ def quota_url(uri: str, prefix: str) -> str:
     return uri[len(prefix) :]
 
 
+def _flag(value: str) -> bool:
+    if value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+#: Storage options and how a string from configuration converts to each.
+_OPTIONS: dict[str, Any] = {
+    "timeout": float, "pool_size": int, "idle_timeout": float, "prepared_statements": _flag,
+}  # fmt: skip
+
+
 def _connect_options(options: dict[str, Any]) -> dict[str, Any]:
     """`quota.connect` keywords from storage options (which may arrive as strings from config)."""
-    unknown = sorted(set(options) - {"timeout", "pool_size"})
+    unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise ConfigurationError(
-            f"unknown storage option(s) {', '.join(unknown)}; known: pool_size, timeout"
+            f"unknown storage option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTIONS))}"
         )
     converted: dict[str, Any] = {}
-    for name, convert in (("timeout", float), ("pool_size", int)):
-        if name in options:
-            value = options[name]
-            try:
-                converted[name] = convert(value) if isinstance(value, str) else value
-            except ValueError as exc:
-                raise ConfigurationError(f"{name} must be a number, got {value!r}") from exc
+    for name, value in options.items():
+        try:
+            converted[name] = _OPTIONS[name](value) if isinstance(value, str) else value
+        except ValueError as exc:
+            raise ConfigurationError(f"storage option {name}={value!r} is not valid") from exc
     return converted
 
 
