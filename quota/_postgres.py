@@ -66,7 +66,9 @@ def session_settings(relaxed: bool, statement_timeout: float | None) -> str | No
         settings += [("statement_timeout", ms), ("lock_timeout", ms)]
     if not settings:
         return None
-    return "SELECT " + ", ".join(f"set_config('{name}', '{value}', false)" for name, value in settings)
+    return "SELECT " + ", ".join(
+        f"set_config('{name}', '{value}', false)" for name, value in settings
+    )
 
 
 def check_pooler_options(url: str, prepared_statements: bool, relaxed: bool) -> None:
@@ -289,7 +291,9 @@ class _Pool:
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        await asyncio.gather(*(c.close(timeout=self._timeout) for c in idle), return_exceptions=True)
+        await asyncio.gather(
+            *(c.close(timeout=self._timeout) for c in idle), return_exceptions=True
+        )
         for conn in idle:
             if not conn.is_closed():
                 conn.terminate()
@@ -542,7 +546,9 @@ class _Watchdog:
     def _start(self) -> None:
         with self._start_lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="quota-watchdog", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, name="quota-watchdog", daemon=True
+                )
                 self._thread.start()
 
     def _loop(self) -> None:
