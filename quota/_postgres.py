@@ -32,7 +32,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import psycopg
 
 T = TypeVar("T")
+T2 = TypeVar("T2")
 
 #: Inside a multi-statement transaction: lift the fallback's time budget.
 UNBUDGETED_TRANSACTION = (
@@ -106,12 +107,30 @@ def is_outage(exc: BaseException) -> bool:
     return sqlstate[:2] in _OUTAGE_CLASSES or sqlstate == "55P03"
 
 
+def _dead_on_arrival(exc: BaseException) -> bool:
+    """True when asyncpg refused to start a call because the connection was not idle.
+
+    A connection idle in the pool that the server terminates (a restart, a
+    failover, ``pg_terminate_backend``) receives an error message it did not
+    ask for; asyncpg then holds it in an error state until the socket's close
+    arrives, and refuses the next operation before sending anything ("cannot
+    switch to state …; another operation … is in progress"). Nothing reached
+    the server, so the call may go to another connection.
+    """
+    return isinstance(exc, asyncpg.InternalClientError) and "cannot switch to state" in str(exc)
+
+
 def wrap_error(exc: BaseException, url: str) -> QuotaError:
     """The `quota` error for a driver error: a missing table becomes `SchemaError`."""
     if isinstance(exc, QuotaError):
         return exc
     if _is_undefined_table(exc):
         return SchemaError(f"{exc}; the quota tables are missing, run `{migrate_hint(url)}`")
+    if _dead_on_arrival(exc):
+        exc_text = (
+            "the server closed the connection (a restart, a failover or a terminated backend)"
+        )
+        return StorageError(f"PostgreSQL error on {redact(url)}: {exc_text}")
     message = f"PostgreSQL error on {redact(url)}: {type(exc).__name__}: {exc}"
     if getattr(exc, "sqlstate", None) in _POOLER_SQLSTATES:
         message += (
@@ -355,19 +374,7 @@ class AsyncPostgresStore:
                 prepared_statements=self._prepared_statements, idle_timeout=self._idle_timeout,
             )  # fmt: skip
             try:
-                conn = await pool.acquire()
-                try:
-                    rows: Rows | None = await conn.fetch(_sql.SCHEMA_VERSION)
-                    self._partitioned = bool(await conn.fetchval(_partitions.IS_PARTITIONED))
-                except asyncpg.UndefinedTableError:
-                    rows = None
-                    pool.release(conn)
-                except BaseException:
-                    pool.discard(conn)
-                    raise
-                else:
-                    pool.release(conn)
-                check_version(rows, self.url)
+                check_version(await self._schema(pool), self.url)
             except BaseException as exc:
                 await pool.close()
                 if isinstance(exc, Exception) and not isinstance(exc, QuotaError):
@@ -375,6 +382,24 @@ class AsyncPostgresStore:
                 raise
             self._pool = pool
             return pool
+
+    async def _schema(self, pool: _Pool) -> Rows | None:
+        """The version table's rows (None without one); learns whether counters are partitioned."""
+        for _ in range(self._pool_size):
+            conn = await pool.acquire()
+            try:
+                rows: Rows | None = await conn.fetch(_sql.SCHEMA_VERSION)
+                self._partitioned = bool(await conn.fetchval(_partitions.IS_PARTITIONED))
+            except asyncpg.UndefinedTableError:
+                rows = None
+            except BaseException as exc:
+                pool.discard(conn)
+                if _dead_on_arrival(exc):  # terminated while it opened: take another
+                    continue
+                raise
+            pool.release(conn)
+            return rows
+        raise StorageError(f"PostgreSQL on {redact(self.url)} closed every connection offered")
 
     async def _acquire(self) -> tuple[_Pool, asyncpg.Connection]:
         pool = self._pool or await self._start()
@@ -395,21 +420,27 @@ class AsyncPostgresStore:
         assert pool is not None
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)
-        try:
-            if self._prepared_statements:
-                rows = await self._fetch_prepared(pool, conn, sql, params)  # type: ignore[arg-type]
-            else:
-                rows = await conn.fetch(sql, *params, timeout=self._budget)
-        except BaseException as exc:
-            if _reusable(exc) and not conn.is_in_transaction():
-                pool.release(conn)
-            else:
-                pool.discard(conn)
-            if isinstance(exc, Exception):
-                raise wrap_error(exc, self.url) from exc
-            raise
-        pool.release(conn)
-        return rows
+        for _ in range(self._pool_size):
+            try:
+                if self._prepared_statements:
+                    rows = await self._fetch_prepared(pool, conn, sql, params)  # type: ignore[arg-type]
+                else:
+                    rows = await conn.fetch(sql, *params, timeout=self._budget)
+            except BaseException as exc:
+                if _reusable(exc) and not conn.is_in_transaction():
+                    pool.release(conn)
+                else:
+                    pool.discard(conn)
+                if _dead_on_arrival(exc):  # nothing was sent: another connection takes it
+                    pool, conn = await self._acquire()
+                    continue
+                if isinstance(exc, Exception):
+                    raise wrap_error(exc, self.url) from exc
+                raise
+            pool.release(conn)
+            return rows
+        pool.discard(conn)
+        raise StorageError(f"PostgreSQL on {redact(self.url)} closed every connection offered")
 
     @staticmethod
     async def _fetch_prepared(
@@ -433,6 +464,23 @@ class AsyncPostgresStore:
     async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
         pool, conn = await self._acquire()
         holder: list[asyncpg.Connection] = []  # the transaction holding `_sql.PG_TRY_LOCK`
+        fresh = True  # nothing sent on `conn` yet: a connection dead on arrival may be swapped
+
+        async def first_use(call: Callable[[], Awaitable[T2]]) -> T2:
+            """`call()` on `conn`; while nothing was sent yet, a dead connection is replaced."""
+            nonlocal pool, conn, fresh
+            for _ in range(self._pool_size):
+                try:
+                    result = await call()
+                except Exception as exc:
+                    if not (fresh and _dead_on_arrival(exc)):
+                        raise
+                    pool.discard(conn)
+                    pool, conn = await self._acquire()
+                    continue
+                fresh = False
+                return result
+            raise StorageError(f"PostgreSQL on {redact(self.url)} closed every connection offered")
 
         async def execute(sql: str, params: Sequence[Any]) -> Rows:
             if sql is _sql.PG_TRY_LOCK or sql is _sql.PG_UNLOCK:
@@ -444,7 +492,7 @@ class AsyncPostgresStore:
             if self._partitioned:
                 text = _partitions.partitioned_sql(text)
             try:
-                return await conn.fetch(text, *params)  # type: ignore[no-any-return]
+                return await first_use(lambda: conn.fetch(text, *params))
             except Exception as exc:
                 raise wrap_error(exc, self.url) from exc
 
@@ -452,18 +500,21 @@ class AsyncPostgresStore:
             if not transaction:
                 result = await adrive(op, execute)
             else:
-                async with conn.transaction():
-                    if self._relaxed:
-                        await conn.execute(DURABLE_TRANSACTION)
-                    if self._statement_timeout:
-                        # The fallback's budget is for decisions in a request path;
-                        # a durable quota transaction may wait its turn.
-                        await conn.execute(UNBUDGETED_TRANSACTION)
-                    result = await adrive(op, execute)
+                # Not `async with conn.transaction()`: whatever ends the block early
+                # (an error, a cancellation, even inside BEGIN) is rolled back below.
+                await first_use(lambda: conn.execute("BEGIN"))
+                if self._relaxed:
+                    await conn.execute(DURABLE_TRANSACTION)
+                if self._statement_timeout:
+                    # The fallback's budget is for decisions in a request path;
+                    # a durable quota transaction may wait its turn.
+                    await conn.execute(UNBUDGETED_TRANSACTION)
+                result = await adrive(op, execute)
+                await conn.execute("COMMIT")
         except BaseException as exc:
-            # Cancelled or failed anywhere (even inside BEGIN, before asyncpg
-            # knew of the transaction): what the server had open is rolled
-            # back with the connection, which nobody reuses.
+            # Cancelled or failed anywhere: a connection whose state is known is
+            # rolled back and reused; any other is closed, and the server rolls
+            # back what it had open.
             if isinstance(exc, Exception) and _reusable(exc.__cause__ or exc):
                 await self._give_back(pool, conn)
             else:
