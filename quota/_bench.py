@@ -294,8 +294,12 @@ def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -
         return _threads(concurrency, duration, work)
     import psycopg
 
+    # Prepared once per connection, as quota does, unless the URL says a transaction
+    # pooler is in front (?prepared_statements=false): then unnamed statements.
+    threshold = 0 if parsed.prepared_statements else None
+
     def pg_work(i: int, go: Callable[[], bool]) -> int:
-        with psycopg.connect(parsed.target, autocommit=True, prepare_threshold=0) as conn:
+        with psycopg.connect(parsed.target, autocommit=True, prepare_threshold=threshold) as conn:
             next_key, n, sql = _key_stream(keys, i), 0, _sql.render(_sql.HIT, "format")
             while go():
                 conn.execute(sql, _bare_params(next_key())).fetchall()
@@ -352,16 +356,30 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
             return await _tasks(concurrency, duration, work)
     import asyncpg
 
-    connections = [await asyncpg.connect(parsed.target) for _ in range(concurrency)]
+    cache = 100 if parsed.prepared_statements else 0
+    connections = [
+        await asyncpg.connect(parsed.target, statement_cache_size=cache) for _ in range(concurrency)
+    ]
     try:
-        statements = [await c.prepare(_sql.render(_sql.HIT, "numeric_dollar")) for c in connections]
+        sql = _sql.render(_sql.HIT, "numeric_dollar")
+        if parsed.prepared_statements:
+            statements = [await c.prepare(sql) for c in connections]
 
-        async def pg_work(i: int, go: Callable[[], bool]) -> int:
-            stmt, next_key, n = statements[i], _key_stream(keys, i), 0
-            while go():
-                await stmt.fetch(*_bare_params(next_key()))
-                n += 1
-            return n
+            async def pg_work(i: int, go: Callable[[], bool]) -> int:
+                stmt, next_key, n = statements[i], _key_stream(keys, i), 0
+                while go():
+                    await stmt.fetch(*_bare_params(next_key()))
+                    n += 1
+                return n
+
+        else:  # behind a transaction pooler: unnamed statements, as quota sends them there
+
+            async def pg_work(i: int, go: Callable[[], bool]) -> int:
+                conn, next_key, n = connections[i], _key_stream(keys, i), 0
+                while go():
+                    await conn.fetch(sql, *_bare_params(next_key()))
+                    n += 1
+                return n
 
         return await _tasks(concurrency, duration, pg_work)
     finally:
