@@ -122,9 +122,14 @@ async def _run_async(url: str, run: Any, connect_args: dict[str, Any]) -> None:
 def _alembic_errors(url: str | None) -> Iterator[None]:
     try:
         yield
-    except (sa.exc.OperationalError, sa.exc.InterfaceError, OSError) as exc:
+    except (sa.exc.DBAPIError, OSError) as exc:
         where = redact(url) if url else "the given connection"
         text = str(exc).replace(url, where) if url else str(exc)
+        if "prepared statement" in text:
+            text += (
+                " (a transaction pooler in front of the database? add ?prepared_statements=false"
+                " to the URL)"
+            )
         raise StorageError(f"migration failed on {where}: {text}") from exc
 
 

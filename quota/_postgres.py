@@ -181,6 +181,7 @@ class _Pool:
         self._open = 0
         self._all: set[asyncpg.Connection] = set()
         self._reaper: asyncio.TimerHandle | None = None
+        self._settling: set[asyncio.Task[None]] = set()
         self._closed = False
         #: Each open connection's prepared statements, by text (see `AsyncPostgresStore.execute`).
         self.prepared: dict[asyncpg.Connection, dict[str, Any]] = {}
@@ -204,14 +205,20 @@ class _Pool:
                 raise StorageError("the connection pool is closed")
             if self._open < self._size:
                 self._open += 1
+                # A caller cancelled while the connection opens does not waste it:
+                # it joins the pool when it is ready (asyncpg would also log an
+                # unretrieved error for a connect cancelled half way).
+                opening = asyncio.ensure_future(self.connect())
                 try:
-                    conn = await self.connect()
+                    conn = await asyncio.shield(opening)
+                except asyncio.CancelledError:
+                    opening.add_done_callback(self._opened_late)
+                    raise
                 except BaseException:
                     self._open -= 1
                     self._wake(None)
                     raise
-                self._all.add(conn)
-                self.prepared[conn] = {}
+                self._adopt(conn)
                 return conn
             waiter: asyncio.Future[asyncpg.Connection | None] = (
                 asyncio.get_running_loop().create_future()
@@ -232,6 +239,20 @@ class _Pool:
             if handed is not None:
                 return handed
             # None: a slot was freed by a dropped connection; go round and open one.
+
+    def _adopt(self, conn: asyncpg.Connection) -> None:
+        self._all.add(conn)
+        self.prepared[conn] = {}
+
+    def _opened_late(self, opening: asyncio.Future[asyncpg.Connection]) -> None:
+        """A connection whose opener was cancelled: into the pool, or its slot freed."""
+        if opening.cancelled() or opening.exception() is not None:
+            self._open -= 1
+            self._wake(None)
+            return
+        conn = opening.result()
+        self._adopt(conn)
+        self.release(conn)
 
     async def connect(self) -> asyncpg.Connection:
         """A new connection set up like the pool's, not counted in it: the caller closes it."""
@@ -269,6 +290,34 @@ class _Pool:
             self._wake(None)
         if not conn.is_closed():
             conn.terminate()
+
+    def settle(self, conn: asyncpg.Connection) -> None:
+        """Take back a connection whose call was cancelled or timed out, once it is idle again.
+
+        asyncpg has sent the server a cancel request for the statement in
+        flight. Closing the socket at once would drop that request, and a
+        statement waiting on a lock would go on and commit later (a hit the
+        caller was told nothing about, or counted twice once a fallback
+        decided it too). A task waits for the cancel to land, rolls back
+        whatever was left open and gives the connection back, or closes it if
+        any of that fails; its slot stays taken meanwhile.
+        """
+        if conn.is_closed():
+            self.discard(conn)
+            return
+        task = asyncio.get_running_loop().create_task(self._settle(conn))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, conn: asyncpg.Connection) -> None:
+        try:
+            # asyncpg sends nothing before the cancel has been answered; a
+            # ROLLBACK outside a transaction is only a warning.
+            await asyncio.wait_for(conn.execute("ROLLBACK"), self._timeout)
+        except BaseException:
+            self.discard(conn)
+            return
+        self.release(conn)
 
     def _wake(self, conn: asyncpg.Connection | None) -> bool:
         while self._waiters:
@@ -310,12 +359,28 @@ class _Pool:
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        for task in list(self._settling):
+            task.cancel()  # its connection is closed
         await asyncio.gather(
             *(c.close(timeout=self._timeout) for c in idle), return_exceptions=True
         )
         for conn in idle:
             if not conn.is_closed():
                 conn.terminate()
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """A call cancelled, or past asyncpg's client-side timeout: a cancel request is on its way."""
+    return isinstance(exc, (asyncio.CancelledError, TimeoutError))
+
+
+def _state_known(exc: BaseException) -> bool:
+    """True when an operation failed with its connection in a known state: the operation
+    itself gave up (a `QuotaError` of its own, not from the driver) or the server answered."""
+    if not isinstance(exc, Exception):
+        return False
+    origin = exc.__cause__ if isinstance(exc, StorageError) else exc
+    return origin is None or isinstance(origin, QuotaError) or _reusable(origin)
 
 
 def _reusable(exc: BaseException) -> bool:
@@ -429,6 +494,8 @@ class AsyncPostgresStore:
             except BaseException as exc:
                 if _reusable(exc) and not conn.is_in_transaction():
                     pool.release(conn)
+                elif _interrupted(exc):
+                    pool.settle(conn)
                 else:
                     pool.discard(conn)
                 if _dead_on_arrival(exc):  # nothing was sent: another connection takes it
@@ -513,10 +580,13 @@ class AsyncPostgresStore:
                 await conn.execute("COMMIT")
         except BaseException as exc:
             # Cancelled or failed anywhere: a connection whose state is known is
-            # rolled back and reused; any other is closed, and the server rolls
-            # back what it had open.
-            if isinstance(exc, Exception) and _reusable(exc.__cause__ or exc):
+            # rolled back and reused; a cancelled one once its cancel has landed
+            # (`_Pool.settle`); any other is closed, and the server rolls back what
+            # it had open.
+            if _state_known(exc):
                 await self._give_back(pool, conn)
+            elif _interrupted(exc):
+                pool.settle(conn)
             else:
                 pool.discard(conn)
             if isinstance(exc, Exception) and not isinstance(exc, QuotaError):

@@ -145,6 +145,20 @@ class _Health:
                 else:
                     entry[3] += cost
 
+    def owes(self) -> bool:
+        """True while hits counted in memory wait to be written back."""
+        return bool(self._owed)
+
+    def owe_again(self, statements: Sequence[Statement]) -> None:
+        """Owe again the hits of `statements` (from `take_owed`) whose write-back failed."""
+        with self._lock:
+            for _, (bucket_key, client_key, start, window, cost, _now) in statements:
+                entry = self._owed.get(bucket_key)
+                if entry is None:
+                    self._owed[bucket_key] = [client_key, start, window, cost, start + window]
+                else:
+                    entry[3] += cost
+
     def take_owed(self, now: float) -> list[Statement]:
         """The statements that write owed hits of still-running windows back; clears the debt."""
         with self._lock:
@@ -207,23 +221,41 @@ class ResilientStore:
             self._probe.start()
 
     def _probe_loop(self) -> None:
+        """Probe until the store answers, write the outage's hits back, then switch to it.
+
+        Owed hits whose write-back fails stay owed and are tried again every
+        probe interval, after the switch too, until written or their window
+        has ended; the loop ends once nothing is owed.
+        """
         while not self._closed.wait(self.health.settings.probe_interval):
-            try:
-                self.primary.execute(_sql.SCHEMA_VERSION, ())
-                owed = self.health.take_owed(time.time())
-                for sql, params in owed:
-                    self.primary.execute(sql, params)
-            except Exception as exc:
-                self.health.last_error = exc
-                continue
-            self.health.mark_up(len(owed))
-            # Hits memory took between the write-back and the switch.
-            for sql, params in self.health.take_owed(time.time()):
+            if threading.current_thread() is not self._probe:
+                return  # a newer outage has a probe of its own
+            if not self.health.up:
                 try:
-                    self.primary.execute(sql, params)
-                except Exception:  # pragma: no cover - lost only if it fails at once again
-                    log.debug("quota: late write-back failed", exc_info=True)
-            return
+                    self.primary.execute(_sql.SCHEMA_VERSION, ())
+                except Exception as exc:
+                    self.health.last_error = exc
+                    continue
+                written = self._write_owed()
+                if written is None:
+                    continue
+                self.health.mark_up(written)
+            # Hits memory took between the write-back and the switch.
+            if self._write_owed() is not None and not self.health.owes():
+                return
+
+    def _write_owed(self) -> int | None:
+        """Write owed hits back: how many windows, or None if one failed (it and the rest
+        stay owed)."""
+        owed = self.health.take_owed(time.time())
+        for done, (sql, params) in enumerate(owed):
+            try:
+                self.primary.execute(sql, params)
+            except Exception as exc:
+                self.health.owe_again(owed[done:])
+                self.health.last_error = exc
+                return None
+        return len(owed)
 
     def close(self) -> None:
         self._closed.set()
@@ -312,23 +344,35 @@ class AsyncResilientStore:
             self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
     async def _probe_loop(self) -> None:
+        """`ResilientStore._probe_loop`, as a task."""
         while not self._closed:
             await asyncio.sleep(self.health.settings.probe_interval)
-            try:
-                await self.primary.execute(_sql.SCHEMA_VERSION, ())
-                owed = self.health.take_owed(time.time())
-                for sql, params in owed:
-                    await self.primary.execute(sql, params)
-            except Exception as exc:
-                self.health.last_error = exc
-                continue
-            self.health.mark_up(len(owed))
-            for sql, params in self.health.take_owed(time.time()):
+            if asyncio.current_task() is not self._probe:
+                return  # a newer outage has a probe of its own
+            if not self.health.up:
                 try:
-                    await self.primary.execute(sql, params)
-                except Exception:  # pragma: no cover
-                    log.debug("quota: late write-back failed", exc_info=True)
-            return
+                    await self.primary.execute(_sql.SCHEMA_VERSION, ())
+                except Exception as exc:
+                    self.health.last_error = exc
+                    continue
+                written = await self._write_owed()
+                if written is None:
+                    continue
+                self.health.mark_up(written)
+            if await self._write_owed() is not None and not self.health.owes():
+                return
+
+    async def _write_owed(self) -> int | None:
+        """`ResilientStore._write_owed`."""
+        owed = self.health.take_owed(time.time())
+        for done, (sql, params) in enumerate(owed):
+            try:
+                await self.primary.execute(sql, params)
+            except Exception as exc:
+                self.health.owe_again(owed[done:])
+                self.health.last_error = exc
+                return None
+        return len(owed)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -486,9 +486,13 @@ class AsyncSQLiteStore:
             try:
                 return await asyncio.shield(job)
             except asyncio.CancelledError:
-                # The caller gave up; the lock is ours until the job has ended.
-                with contextlib.suppress(BaseException):
-                    await job
+                # The caller gave up, but the job goes on to its COMMIT or ROLLBACK
+                # (at most the busy timeout): wait for it, shielded from any further
+                # cancellation (anyio's cancel scopes cancel again every loop turn),
+                # so that the lock, and the worker, are free when this call ends.
+                while not job.done():
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(job)
                 raise
 
     @staticmethod
@@ -497,13 +501,13 @@ class AsyncSQLiteStore:
         op: Generator[Statement, Rows, T],
         execute: Callable[[str, Sequence[Any]], Awaitable[Rows]],
     ) -> T:
-        await execute("BEGIN IMMEDIATE", ())
         try:
+            await execute("BEGIN IMMEDIATE", ())
             result = await adrive(op, execute)
             await execute("COMMIT", ())
         except BaseException:
             if conn.in_transaction:
-                await conn.rollback()
+                await asyncio.shield(conn.rollback())
             raise
         return result
 

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -390,3 +391,73 @@ def test_sqlite_quota_transactions_wait_their_turn_under_a_fallback(tmp_path: Pa
     finally:
         blocker.close()
         limiter.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_outage_hits_stay_owed_until_written_when_a_write_back_fails(
+    pg_url: str, face: str
+) -> None:
+    """The probe writes owed hits back one window at a time; one that fails (its row is
+    locked by another session) leaves it and every later one owed, retried next probe."""
+    import psycopg
+
+    keys = [f"owed-{i}-{uuid.uuid4().hex}" for i in range(5)]
+    start = int(time.time()) // 3600 * 3600
+    # The first of the probe's (sorted) write-backs is the one that fails.
+    first = min(keys, key=lambda k: f"3600:{start}:k:{k}")
+    fallback = Fallback(timeout=0.1, probe_interval=0.1)
+
+    def counts() -> dict[str, int]:
+        return {key: _count(pg_url, key) for key in keys}
+
+    async def scenario(call: Any, store: Any, pause: Any) -> None:
+        for key in keys:
+            await call(key)  # a row for each, in the database
+        with psycopg.connect(pg_url) as holder:
+            holder.execute(
+                "SELECT 1 FROM quota_counters WHERE bucket_key = %s FOR UPDATE",
+                (f"3600:{start}:k:{first}",),
+            )
+            await call(first)  # waits on the lock past the budget: the store is down
+            assert not store.up
+            for key in keys:
+                for _ in range(10):
+                    await call(key)  # from memory, owed
+            # Let the probe find the database and fail the first write-back a few times.
+            for _ in range(100):
+                if store.health.last_error is not None and "lock" in str(store.health.last_error):
+                    break
+                await pause(0.05)
+            await pause(0.3)
+            assert not store.up  # the write-back failed: not back yet
+            holder.rollback()
+        for _ in range(200):
+            if store.up and not store.health.owes():
+                break
+            await pause(0.05)
+        assert store.up and not store.health.owes()
+
+    if face == "sync":
+        with quota.connect(pg_url, fallback=fallback) as limiter:
+
+            async def call(key: str) -> None:
+                limiter.rate_limit(key, 10**6, 3600)
+
+            async def pause(seconds: float) -> None:
+                time.sleep(seconds)
+
+            asyncio.run(scenario(call, limiter.store, pause))
+    else:
+
+        async def main() -> None:
+            async with quota.connect_async(pg_url, fallback=fallback) as limiter:
+
+                async def call(key: str) -> None:
+                    await limiter.rate_limit(key, 10**6, 3600)
+
+                await call("warm-" + keys[0])  # the pool opens before the scenario
+                await scenario(call, limiter.store, asyncio.sleep)
+
+        asyncio.run(main())
+    assert counts() == {key: 12 if key == first else 11 for key in keys}
