@@ -12,7 +12,11 @@ a partitioned table, so the stores give the hot upsert that conflict target
 Cleanup (`maintain`, run inside `quota._ops.cleanup`):
 
 1. creates the partitions of the next `AHEAD` seconds that do not exist yet,
-   so new windows land in a partition, not in the default one;
+   so new windows land in a partition, not in the default one; when the
+   default partition already holds rows of such a range (no cleanup ran for
+   longer than `AHEAD`, or an instance's clock runs ahead), it creates the
+   partition as a table of its own, moves those rows into it and attaches
+   it, in one transaction (`_create_partition`);
 2. drops every partition whose range ended before the cutoff and whose
    every window has ended (checked on the window-end index): it detaches the
    partition (a lock on the parent held for a catalog update, not for the
@@ -93,13 +97,28 @@ def create_table_sql(logged: bool) -> list[str]:
     ]
 
 
+def _bounds(start: int) -> str:
+    return f"FROM ({start}) TO ({start + PARTITION_SECONDS})"
+
+
 def create_partition_sql(start: int, logged: bool) -> str:
     """DDL of the partition holding window starts ``start .. start + PARTITION_SECONDS``."""
     unlogged = "" if logged else "UNLOGGED "
     return (
         f"CREATE {unlogged}TABLE IF NOT EXISTS {partition_name(start)} PARTITION OF quota_counters"
-        f" FOR VALUES FROM ({start}) TO ({start + PARTITION_SECONDS}) WITH ({STORAGE})"
+        f" FOR VALUES {_bounds(start)} WITH ({STORAGE})"
     )
+
+
+#: Step 1 of `_create_partition` (``ONLY``: every hit reaches the partitions through it).
+LOCK_PARENT = "LOCK TABLE ONLY quota_counters IN ACCESS EXCLUSIVE MODE"
+#: The rows of the default partition in one partition's range; the first condition adds
+#: nothing (a window ends after it starts) but lets the window-end index skip the ended ones.
+_IN_RANGE = "window_start + window_seconds >= ? AND window_start >= ? AND window_start < ?"
+
+
+def _range_params(start: int) -> tuple[int, int, int]:
+    return start, start, start + PARTITION_SECONDS
 
 
 def starts_between(first: float, last: float) -> list[int]:
@@ -117,7 +136,7 @@ def maintain(now: float, cutoff: int) -> Generator[Statement, Rows, int]:
 
     Does nothing (one catalog query) when the counters table is not
     partitioned. Runs without a transaction of its own, under cleanup's
-    advisory lock; each DDL statement commits on its own (`_ddl`).
+    advisory lock; each DDL step commits on its own (`_ddl`, `_create_partition`).
     """
     rows = yield IS_PARTITIONED, ()
     if not rows:
@@ -147,16 +166,77 @@ DDL_SETTINGS = (
 )
 
 
-def _ddl(statement: str) -> Generator[Statement, Rows, None]:
-    """Run one DDL statement in a transaction of its own, under `DDL_SETTINGS`."""
+def _transaction(body: Generator[Statement, Rows, None]) -> Generator[Statement, Rows, None]:
+    """Run the statements of `body` in a transaction of their own, under `DDL_SETTINGS`."""
     yield "BEGIN", ()
     try:
         yield DDL_SETTINGS, ()
-        yield statement, ()
+        yield from body
     except BaseException:
         yield "ROLLBACK", ()
         raise
     yield "COMMIT", ()
+
+
+def _statement(statement: str) -> Generator[Statement, Rows, None]:
+    yield statement, ()
+
+
+def _ddl(statement: str) -> Generator[Statement, Rows, None]:
+    """Run one DDL statement in a transaction of its own, under `DDL_SETTINGS`."""
+    yield from _transaction(_statement(statement))
+
+
+def _create_partition(start: int, logged: bool) -> Generator[Statement, Rows, None]:
+    """Create the partition of `start`, taking over the default partition's rows of its range.
+
+    ``CREATE TABLE … PARTITION OF`` refuses to create a partition while the
+    default partition holds rows of its range (they would have to move). They
+    do after a gap in maintenance longer than `AHEAD`: hits of the running
+    hour found no partition. So, in one transaction (`_transaction`):
+
+    1. ``LOCK TABLE ONLY quota_counters IN ACCESS EXCLUSIVE MODE``: waits (up
+       to the ``lock_timeout`` of `DDL_SETTINGS`) for the hits running on the
+       table, then holds every new one until the commit;
+    2. looks for a default row of the range (window-end index, else a scan);
+    3. none: ``CREATE TABLE … PARTITION OF``, as the migration does;
+    4. some: creates the partition as a plain table (``LIKE quota_counters``,
+       same kind and storage), moves the default's rows of the range into it
+       in one statement (``DELETE … RETURNING`` feeding the ``INSERT``) and
+       attaches it (which scans the new table and the default partition to
+       check the bounds, and builds the primary key and window-end index).
+
+    No hit is lost or counted twice. A hit already running when the lock is
+    asked for ends first (the lock waits for it): its row is in the default
+    partition by then, and moves with its count. A hit that begins later
+    (queued behind the lock even while it is still waiting) waits on the
+    parent, before its row is routed to a partition; once the transaction
+    commits it sees the new partition, and its upsert lands there on the
+    moved row (count + 1). Were only the locks of ``ATTACH`` taken (SHARE UPDATE
+    EXCLUSIVE on the parent), such a hit would already have been routed to
+    the default partition and, after waiting for it, fail its re-checked
+    partition constraint. If anything fails (a lock wait given up, an error)
+    the transaction rolls back whole: the rows stay in the default partition,
+    where hits keep counting them, and the next cleanup tries again. A hit
+    kept waiting past its own budget (the fallback's ``statement_timeout``)
+    fails over as it would behind any lock.
+    """
+    yield LOCK_PARENT, ()
+    rows = yield (
+        f"SELECT 1 FROM {DEFAULT_PARTITION} WHERE {_IN_RANGE} LIMIT 1",
+        _range_params(start),
+    )
+    if not rows:
+        yield create_partition_sql(start, logged), ()
+        return
+    name, unlogged = partition_name(start), "" if logged else "UNLOGGED "
+    yield f"CREATE {unlogged}TABLE {name} (LIKE quota_counters) WITH ({STORAGE})", ()
+    yield (
+        f"WITH moved AS (DELETE FROM {DEFAULT_PARTITION} WHERE {_IN_RANGE} RETURNING *)"
+        f" INSERT INTO {name} SELECT * FROM moved",
+        _range_params(start),
+    )
+    yield f"ALTER TABLE quota_counters ATTACH PARTITION {name} FOR VALUES {_bounds(start)}", ()
 
 
 def _create_and_drop(
@@ -164,7 +244,7 @@ def _create_and_drop(
 ) -> Generator[Statement, Rows, int]:
     for start in starts_between(now, now + AHEAD):
         if start not in existing:
-            yield from _ddl(create_partition_sql(start, logged))
+            yield from _transaction(_create_partition(start, logged))
     dropped = 0
     for name, _low, high in sorted(ranges, key=lambda r: r[1]):
         if high > cutoff:

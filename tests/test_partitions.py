@@ -154,3 +154,229 @@ def test_a_plain_table_keeps_the_row_cleanup(pg_clean_url: str) -> None:
     assert _query(
         pg_clean_url, "SELECT relkind FROM pg_class WHERE relname = 'quota_counters'"
     ) == [("r",)]
+
+
+# -- maintenance after a gap: rows in DEFAULT of the hours to partition --------------------
+
+DAY = 86400
+
+
+def _default_rows_in_partitioned_ranges(url: str) -> list[str]:
+    """Bucket keys of DEFAULT rows whose window start lies in a partition's range."""
+    starts = _partition_starts(url)
+    rows = _query(url, "SELECT bucket_key, window_start FROM quota_counters_default")
+    return [str(key) for key, start in rows if int(str(start)) // HOUR * HOUR in starts]
+
+
+def _partition_shape(url: str, start: int) -> tuple[object, ...]:
+    """Persistence, storage options and index count of the partition of `start`."""
+    name = _partitions.partition_name(start)
+    rows = _query(
+        url,
+        "SELECT c.relpersistence, c.reloptions,"
+        " (SELECT count(*) FROM pg_index x WHERE x.indrelid = c.oid)"
+        f" FROM pg_class c WHERE c.relname = '{name}'",
+    )
+    assert len(rows) == 1, name
+    return rows[0]
+
+
+def test_cleanup_after_a_gap_moves_default_rows_into_the_new_partitions(part_url: str) -> None:
+    clock = Clock(A + 10)
+    skewed = Clock(A)  # an instance whose clock runs hours ahead of the others
+    H = A + 3 * DAY  # the hour of the cleanup that ends the gap
+    with (
+        quota.connect(part_url, clock=clock, pool_size=2) as limiter,
+        quota.connect(part_url, clock=skewed, pool_size=2) as ahead,
+    ):
+        limiter.cleanup(grace=0)  # partitions A .. A+24h, then no maintenance for 3 days
+        limiter.rate_limit("before", 5, 60)  # partition A
+
+        clock.now = H - 2 * HOUR + 10  # the gap: no partition covers these hours
+        limiter.rate_limit("old", 5, 60)  # ended long before the cleanup
+        limiter.rate_limit("day", 5, DAY)  # starts H-16h (a past hour), runs until H+8h
+        clock.now = H + 10
+        limiter.rate_limit("cur", 5, 60)  # in the cleanup's hour, ended before it
+        assert [limiter.rate_limit("live", 10, HOUR).count for _ in range(3)] == [1, 2, 3]
+        skewed.now = H + 2 * HOUR + 5
+        assert [ahead.rate_limit("skew2", 10, 600).count for _ in range(2)] == [1, 2]
+        skewed.now = H + 5 * HOUR + 5
+        assert ahead.rate_limit("skew5", 10, 60).count == 1
+        where = _where(part_url)
+        assert set(where.values()) == {f"quota_counters_p{A}", "quota_counters_default"}
+        assert sum(t == "quota_counters_default" for t in where.values()) == 6
+
+        clock.now = H + 1800
+        result = limiter.cleanup(grace=0)
+
+        # Dropped partition A ("before"), swept "old" and "cur" (moved, then expired).
+        assert (result.deleted, result.skipped) == (3, False)
+        starts = _partition_starts(part_url)
+        assert set(_partitions.starts_between(H + 1800, H + 1800 + _partitions.AHEAD)) <= starts
+        assert not {s for s in starts if s < H}  # every old hour dropped whole
+        assert _where(part_url) == {
+            f"86400:{H - 16 * HOUR}:k:day": "quota_counters_default",  # its hour has no partition
+            f"3600:{H}:k:live": f"quota_counters_p{H}",
+            f"600:{H + 2 * HOUR}:k:skew2": f"quota_counters_p{H + 2 * HOUR}",
+            f"60:{H + 5 * HOUR}:k:skew5": f"quota_counters_p{H + 5 * HOUR}",
+        }
+        assert _default_rows_in_partitioned_ranges(part_url) == []
+        # A moved-into partition is one like the others: unlogged, same storage, both indexes.
+        assert _partition_shape(part_url, H) == _partition_shape(part_url, H + HOUR)
+        assert _partition_shape(part_url, H)[2] == 2
+
+        # The counts carry on where they were, in the same windows.
+        assert limiter.rate_limit("live", 10, HOUR).count == 4
+        assert limiter.rate_limit("day", 5, DAY).count == 2
+        skewed.now = H + 2 * HOUR + 6
+        assert ahead.rate_limit("skew2", 10, 600).count == 3
+        skewed.now = H + 5 * HOUR + 6
+        assert ahead.rate_limit("skew5", 10, 60).count == 2
+        assert _default_rows_in_partitioned_ranges(part_url) == []
+
+        # Nothing left to do: a second cleanup changes nothing.
+        again = limiter.cleanup(grace=0)
+        assert (again.deleted, again.skipped) == (0, False)
+        assert _partition_starts(part_url) == starts
+        assert limiter.peek("live", 10, HOUR).count == 4
+
+
+def test_async_cleanup_after_days_without_one_drops_old_partitions(part_url: str) -> None:
+    clock = Clock(A + 10)
+    G = A + 4 * DAY + 100  # four days later
+
+    async def main() -> tuple[list[int], int, int, int]:
+        async with quota.connect_async(part_url, clock=clock, pool_size=2) as limiter:
+            await limiter.cleanup(grace=0)
+            await limiter.rate_limit("x", 5, 60)  # partition A
+            await limiter.rate_limit("long", 5, 2 * HOUR)  # partition A, ends A+2h
+            clock.advance(5 * HOUR)
+            await limiter.rate_limit("y", 5, 600)  # partition A+5h
+            clock.now = G
+            counts = [(await limiter.rate_limit("now", 5, 600)).count for _ in range(2)]
+            assert _where(part_url)[f"600:{G - 100}:k:now"] == "quota_counters_default"
+            first = (await limiter.cleanup(grace=0)).deleted
+            counts.append((await limiter.rate_limit("now", 5, 600)).count)
+            second = (await limiter.cleanup(grace=0)).deleted
+            return counts, first, second, (await limiter.peek("now", 5, 600)).count
+
+    counts, first, second, peeked = asyncio.run(main())
+
+    assert counts == [1, 2, 3]
+    assert (first, second, peeked) == (3, 0, 3)
+    starts = _partition_starts(part_url)
+    assert min(starts) == G - 100  # every partition of the old days dropped
+    assert set(_partitions.starts_between(G, G + _partitions.AHEAD)) <= starts
+    assert _where(part_url) == {f"600:{G - 100}:k:now": f"quota_counters_p{G - 100}"}
+    assert _default_rows_in_partitioned_ranges(part_url) == []
+
+
+def _waiting_on_a_lock(url: str) -> int:
+    rows = _query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    return int(str(rows[0][0]))
+
+
+def test_a_hit_during_the_move_waits_and_counts_on_in_the_new_partition(part_url: str) -> None:
+    import threading
+    import time
+
+    import psycopg
+
+    from quota import _sql
+
+    H = A + 3 * DAY
+    clock = Clock(A + 10)
+    with quota.connect(part_url, clock=clock, pool_size=2) as limiter:
+        limiter.cleanup(grace=0)
+        clock.now = H + 10  # days later: the hour has no partition, hits land in DEFAULT
+        assert [limiter.rate_limit("k", 10, HOUR).count for _ in range(2)] == [1, 2]
+
+        # The maintenance of H's partition, driven by hand: paused once the lock is held.
+        op = _partitions._transaction(_partitions._create_partition(H, logged=False))
+        counts: list[int] = []
+        with psycopg.connect(part_url, autocommit=True) as conn:
+            sql, params = next(op)
+            while True:
+                cursor = conn.execute(_sql.render(sql, "format"), params)
+                rows = cursor.fetchall() if cursor.description is not None else []
+                if sql == _partitions.LOCK_PARENT:  # a hit arrives now, before the move
+                    hit = threading.Thread(
+                        target=lambda: counts.append(limiter.rate_limit("k", 10, HOUR).count)
+                    )
+                    hit.start()
+                    deadline = time.monotonic() + 10
+                    while not _waiting_on_a_lock(part_url) and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    assert _waiting_on_a_lock(part_url) == 1 and not counts
+                try:
+                    sql, params = op.send(rows)
+                except StopIteration:
+                    break
+            hit.join(10)
+
+        assert counts == [3]  # waited for the commit, then counted on the moved row
+        assert _where(part_url) == {f"3600:{H}:k:k": f"quota_counters_p{H}"}
+        assert limiter.peek("k", 10, HOUR).count == 3
+
+
+def test_a_move_that_cannot_get_its_lock_rolls_back_whole(part_url: str) -> None:
+    import psycopg
+
+    H = A + 3 * DAY
+    clock = Clock(A + 10)
+    with quota.connect(part_url, clock=clock, pool_size=2) as limiter:
+        limiter.cleanup(grace=0)
+        clock.now = H + 10
+        assert [limiter.rate_limit("k", 10, HOUR).count for _ in range(2)] == [1, 2]
+        with psycopg.connect(part_url) as blocker:  # a transaction left open on the table
+            blocker.execute("SELECT count(*) FROM quota_counters")
+            with pytest.raises(quota.StorageError, match="lock timeout"):
+                limiter.cleanup(grace=0)  # gives up after DDL_SETTINGS' lock_timeout
+            blocker.rollback()
+        # Nothing half done: no partition of H, no table left over, the row where it was.
+        assert H not in _partition_starts(part_url)
+        assert _query(part_url, f"SELECT to_regclass('quota_counters_p{H}')") == [(None,)]
+        assert _where(part_url) == {f"3600:{H}:k:k": "quota_counters_default"}
+        assert limiter.rate_limit("k", 10, HOUR).count == 3
+
+        assert not limiter.cleanup(grace=0).skipped  # the next one does it
+        assert _where(part_url) == {f"3600:{H}:k:k": f"quota_counters_p{H}"}
+        assert limiter.rate_limit("k", 10, HOUR).count == 4
+
+
+SETTINGS = "SELECT current_setting('lock_timeout'), current_setting('synchronous_commit')"
+
+
+def test_the_move_through_a_transaction_pooler_leaves_nothing_on_the_session(
+    part_url: str, pgbouncer_binary: str
+) -> None:
+    from urllib.parse import urlsplit
+
+    from tests._pgbouncer import running_pgbouncer
+
+    H = A + 3 * DAY
+    parts = urlsplit(part_url)
+    with running_pgbouncer(
+        binary=pgbouncer_binary,
+        server_host=parts.hostname or "127.0.0.1",
+        server_port=parts.port or 5432,
+        pool_mode="transaction",
+        default_pool_size=2,  # cleanup's lock holds one server connection, its work the other
+    ) as bouncer:
+        url = bouncer.url(parts.path.lstrip("/"))
+        clock = Clock(A + 10)
+        with quota.connect(url, clock=clock, pool_size=2, prepared_statements=False) as limiter:
+            limiter.cleanup(grace=0)
+            clock.now = H + 10
+            assert [limiter.rate_limit("k", 10, HOUR).count for _ in range(2)] == [1, 2]
+            clock.now = H + 600
+            assert not limiter.cleanup(grace=0).skipped
+            assert limiter.rate_limit("k", 10, HOUR).count == 3
+            # Whichever server connection answers has the server's settings.
+            settings = {row for _ in range(4) for row in _query(url, SETTINGS)}
+        assert settings == set(_query(part_url, SETTINGS))
+    assert _where(part_url) == {f"3600:{H}:k:k": f"quota_counters_p{H}"}
