@@ -381,6 +381,11 @@ def demo(ctx: click.Context, clients: int) -> None:
     help="Compare quota with fallback=True against quota without: the resilience layer's"
     " cost on a healthy store (rate scenario).",
 )  # fmt: skip
+@click.option(
+    "--pool-size", type=int, default=None,
+    help="Connections quota's side may open (default: one per caller, like the bare side):"
+    " fewer measures callers sharing a pool.",
+)  # fmt: skip
 @_json_option
 @click.pass_context
 def bench(
@@ -395,6 +400,7 @@ def bench(
     report_dir: Path | None,
     cleanup_rows: int,
     fallback: bool,
+    pool_size: int | None,
     as_json: bool,
 ) -> None:
     """Decisions per second of quota beside the bare driver running the same statements.
@@ -420,6 +426,6 @@ def bench(
     with _errors():
         report = run_bench(
             _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face,
-            scenario=scenario, algorithm=algorithm, fallback=fallback,
+            scenario=scenario, algorithm=algorithm, fallback=fallback, pool_size=pool_size,
         )  # fmt: skip
     _emit(report.as_dict(), as_json, report.table())

@@ -231,9 +231,9 @@ async def _async_bare_redis(
 
 def _sync_quota(
     url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
-    fallback: bool = False,
+    fallback: bool = False, pool_size: int | None = None,
 ) -> float:  # fmt: skip
-    with connect(url, pool_size=concurrency, fallback=fallback) as limiter:
+    with connect(url, pool_size=pool_size or concurrency, fallback=fallback) as limiter:
 
         def work(i: int, go: Callable[[], bool]) -> int:
             next_key, n = _key_stream(keys, i), 0
@@ -314,12 +314,13 @@ def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -
 
 async def _async_quota(
     url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
-    fallback: bool = False,
+    fallback: bool = False, pool_size: int | None = None,
 ) -> float:  # fmt: skip
-    async with connect_async(url, pool_size=concurrency, fallback=fallback) as limiter:
+    pool_size = pool_size or concurrency
+    async with connect_async(url, pool_size=pool_size, fallback=fallback) as limiter:
         # Open the pool up front: connecting is not what is measured.
         await asyncio.gather(
-            *(limiter.rate_limit("bench:warm", LIMIT, WINDOW) for _ in range(concurrency))
+            *(limiter.rate_limit("bench:warm", LIMIT, WINDOW) for _ in range(pool_size))
         )
 
         async def work(i: int, go: Callable[[], bool]) -> int:
@@ -390,7 +391,7 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
 def run_bench(
     url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
     face: str = "auto", scenario: str = "rate", algorithm: str = FIXED_WINDOW,
-    fallback: bool = False,
+    fallback: bool = False, pool_size: int | None = None,
 ) -> BenchReport:  # fmt: skip
     """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc.
 
@@ -400,6 +401,8 @@ def run_bench(
     runs. On ``memory://`` only quota's side runs, on one thread. With
     `fallback`, the baseline is quota without a fallback and the other side
     quota with ``fallback=True``: what the resilience layer costs a healthy store.
+    `pool_size` bounds quota's connections (default: one per caller; the bare
+    side always has one per caller): fewer shows what sharing them costs.
     """
     from quota import _bench_quotas
 
@@ -407,6 +410,8 @@ def run_bench(
         raise ConfigurationError(
             f"scenario must be one of {', '.join(_bench_quotas.SCENARIOS)}, got {scenario!r}"
         )
+    if pool_size is not None and (type(pool_size) is not int or pool_size < 1):
+        raise ConfigurationError(f"pool_size must be a positive integer, got {pool_size!r}")
     for name, value in (("concurrency", concurrency), ("keys", keys), ("runs", runs)):
         if type(value) is not int or value < 1:
             raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
@@ -447,23 +452,43 @@ def run_bench(
             elif fallback:
                 on = side == "quota"
                 rate = (
-                    _sync_quota(base_url, concurrency, keys, duration, algorithm, fallback=on)
+                    _sync_quota(
+                        base_url,
+                        concurrency,
+                        keys,
+                        duration,
+                        algorithm,
+                        fallback=on,
+                        pool_size=pool_size,
+                    )
                     if face == "sync"
                     else asyncio.run(
-                        _async_quota(base_url, concurrency, keys, duration, algorithm, fallback=on)
+                        _async_quota(
+                            base_url,
+                            concurrency,
+                            keys,
+                            duration,
+                            algorithm,
+                            fallback=on,
+                            pool_size=pool_size,
+                        )
                     )
                 )
             elif face == "sync":
                 rate = (
                     _sync_bare(parsed, concurrency, keys, duration)
                     if side == "bare"
-                    else _sync_quota(base_url, concurrency, keys, duration, algorithm)
+                    else _sync_quota(
+                        base_url, concurrency, keys, duration, algorithm, pool_size=pool_size
+                    )
                 )
             else:
                 rate = asyncio.run(
                     _async_bare(parsed, concurrency, keys, duration)
                     if side == "bare"
-                    else _async_quota(base_url, concurrency, keys, duration, algorithm)
+                    else _async_quota(
+                        base_url, concurrency, keys, duration, algorithm, pool_size=pool_size
+                    )
                 )
             (report.bare if side == "bare" else report.quota).append(rate)
     return report
