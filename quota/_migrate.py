@@ -75,6 +75,7 @@ def run_env(context: EnvironmentContext) -> None:
     if connection is not None:
         context.configure(connection=connection, **opts)
         with context.begin_transaction():
+            _serialize(connection)
             context.run_migrations()
         return
     url = cfg.get_main_option("sqlalchemy.url") or parse_url(default_url()).sqlalchemy_url()
@@ -85,8 +86,12 @@ def run_env(context: EnvironmentContext) -> None:
         return
 
     def run(conn: sa.Connection) -> None:
-        context.configure(connection=conn, **opts)
+        # SQLite too runs every step in one transaction (it has transactional DDL;
+        # Alembic assumes not): begun IMMEDIATE, so it is also the lock that
+        # serializes concurrent runs (`_sqlite_engine`).
+        context.configure(connection=conn, transactional_ddl=True, **opts)
         with context.begin_transaction():
+            _serialize(conn)
             context.run_migrations()
 
     # Behind a transaction pooler (?prepared_statements=false): asyncpg's unnamed
@@ -96,15 +101,52 @@ def run_env(context: EnvironmentContext) -> None:
         connect_args = {"statement_cache_size": 0, "prepared_statement_cache_size": 0}
         asyncio.run(_run_async(url, run, connect_args if pooled else {}))
     else:
-        # psycopg: never prepare by name (it would after five runs of one text).
-        engine = sa.create_engine(
-            url, poolclass=sa.NullPool, connect_args={"prepare_threshold": None} if pooled else {}
-        )
+        if sa.make_url(url).get_backend_name() == "sqlite":
+            engine = _sqlite_engine(url)
+        else:
+            # psycopg: never prepare by name (it would after five runs of one text).
+            engine = sa.create_engine(
+                url, poolclass=sa.NullPool,
+                connect_args={"prepare_threshold": None} if pooled else {},
+            )  # fmt: skip
         try:
             with engine.connect() as conn:
                 run(conn)
         finally:
             engine.dispose()
+
+
+#: PostgreSQL: every migration run takes this transaction-scoped lock first, so runs
+#: started together (several instances deploying at once) go one after the other, each
+#: reading the version the one before it committed. First 8 bytes of sha256("quota.migrate").
+MIGRATE_LOCK_ID = 0x6B0D_52E1_33A8_F4C7 - 2**63
+#: SQLite: how long a migration waits for another one holding the file.
+SQLITE_MIGRATE_TIMEOUT = 120.0
+
+
+def _serialize(conn: sa.Connection) -> None:
+    """Queue this run behind any other one on the same database (PostgreSQL; SQLite's
+    write lock, taken by ``BEGIN IMMEDIATE``, does it there)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATE_LOCK_ID})
+
+
+def _sqlite_engine(url: str) -> sa.Engine:
+    """A SQLite engine whose transactions begin IMMEDIATE: the write lock, taken before the
+    version is read, serializes migrations of several processes (SQLAlchemy's recipe)."""
+    engine = sa.create_engine(
+        url, poolclass=sa.NullPool, connect_args={"timeout": SQLITE_MIGRATE_TIMEOUT}
+    )
+
+    @sa.event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin_immediate(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
 
 
 async def _run_async(url: str, run: Any, connect_args: dict[str, Any]) -> None:
