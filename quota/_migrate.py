@@ -162,6 +162,23 @@ async def _run_async(url: str, run: Any, connect_args: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _alembic_errors(url: str | None) -> Iterator[None]:
+    """Wrap driver errors, and give a host's Alembic context back as it was.
+
+    Called from a host app's own ``env.py`` (``quota.migrate(connection)``),
+    quota's nested Alembic run would remove the host's ``alembic.context``
+    and ``alembic.op`` proxies on its way out (Alembic keeps one of each, as
+    module globals); the host's run then fails (``KeyError: 'config'``) or,
+    before its own migrations, runs none. The proxies found on entry are
+    installed again on exit.
+    """
+    from alembic.operations import Operations
+
+    hosts = [
+        proxy
+        for cls in (EnvironmentContext, Operations)
+        for module_globals, _ in cls._setups[cls][1]
+        if (proxy := module_globals.get("_proxy")) is not None
+    ]
     try:
         yield
     except (sa.exc.DBAPIError, OSError) as exc:
@@ -173,6 +190,9 @@ def _alembic_errors(url: str | None) -> Iterator[None]:
                 " to the URL)"
             )
         raise StorageError(f"migration failed on {where}: {text}") from exc
+    finally:
+        for proxy in hosts:
+            proxy._install_proxy()
 
 
 def _prepare(
