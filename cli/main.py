@@ -140,11 +140,20 @@ def migrate(
 @url_option
 @click.argument("revision")
 @click.option("--sql", is_flag=True, help="Print the SQL instead of running it.")
+@click.option(
+    "--drop-data", is_flag=True,
+    help="Drop tables that hold durable rows (quota usage, the ledger, runtime policies);"
+    " without it such a downgrade is refused (exit 2, a usage error) and names the tables and row counts.",
+)  # fmt: skip
 @click.pass_context
-def downgrade(ctx: click.Context, revision: str, sql: bool) -> None:
+def downgrade(ctx: click.Context, revision: str, sql: bool, drop_data: bool) -> None:
     """Downgrade the quota tables to REVISION ('base' drops them all)."""
     with _errors():
-        quota.downgrade(_url(ctx), revision=revision, sql=sql)
+        quota.downgrade(_url(ctx), revision=revision, sql=sql, drop_data=drop_data)
+    if not sql:
+        with _errors():
+            now = quota.current_revision(_url(ctx))
+        click.echo(f"quota schema at {now or 'base (no quota tables)'}", err=True)
 
 
 def _decision_out(decision: quota.Decision, as_json: bool) -> None:

@@ -248,17 +248,104 @@ def migrate(
         command.upgrade(cfg, revision, sql=sql)
 
 
+#: Tables whose rows are durable (quotas, their ledger, runtime policies), by the revision
+#: whose downgrade drops them. Counters and algorithm state are ephemeral: they may go.
+DURABLE_TABLES: dict[str, tuple[str, ...]] = {
+    "0002_quotas": ("quota_usage", "quota_ledger"),
+    "0004_policies": ("quota_policies",),
+}
+
+
 def downgrade(
     target: str | sa.Connection | None = None,
     *,
     revision: str,
     sql: bool = False,
     output: TextIO | None = None,
+    drop_data: bool = False,
 ) -> None:
-    """Downgrade the quota tables to `revision` (``base`` removes them all)."""
+    """Downgrade the quota tables to `revision` (``base`` removes them all).
+
+    A downgrade that would drop a table holding durable rows (quota usage,
+    the ledger, runtime policies) raises `ConfigurationError` naming each such
+    table and its row count, and changes nothing, unless `drop_data` is True.
+    With ``sql=True`` nothing runs and nothing is checked: the SQL is written
+    to `output` for review.
+    """
+    if not isinstance(drop_data, bool):
+        raise ConfigurationError(f"drop_data must be a bool, got {drop_data!r}")
     cfg, url = _prepare(target, sql, output)
+    if not sql and not drop_data:
+        _refuse_to_drop_data(target, revision)
     with _alembic_errors(url):
         command.downgrade(cfg, revision if not sql else f"head:{revision}", sql=sql)
+
+
+def _refuse_to_drop_data(target: str | sa.Connection | None, revision: str) -> None:
+    from quota._schema import REVISIONS
+
+    current = current_revision(target)
+    if current not in REVISIONS:
+        return  # nothing there (or a revision this code does not know): Alembic decides
+    if revision != "base" and revision not in REVISIONS:
+        raise ConfigurationError(
+            f"revision must be 'base' or one of {', '.join(REVISIONS)}, got {revision!r}"
+        )
+    keep = 0 if revision == "base" else REVISIONS.index(revision) + 1
+    undone = REVISIONS[keep : REVISIONS.index(current) + 1]
+    tables = [table for rev in undone for table in DURABLE_TABLES.get(rev, ())]
+    if not tables:
+        return
+    counts = _row_counts(target, tables)
+    held = {table: rows for table, rows in counts.items() if rows}
+    if held:
+        listed = ", ".join(f"{table} ({rows} rows)" for table, rows in held.items())
+        raise ConfigurationError(
+            f"downgrade to {revision} would drop {listed}: durable quota data, refused."
+            " Back it up, then pass drop_data=True (quota downgrade --drop-data);"
+            " --sql prints the statements for review"
+        )
+
+
+def _row_counts(target: str | sa.Connection | None, tables: list[str]) -> dict[str, int]:
+    def count(conn: sa.Connection) -> dict[str, int]:
+        present = set(sa.inspect(conn).get_table_names())
+        return {
+            table: int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one())
+            for table in tables
+            if table in present
+        }
+
+    if isinstance(target, sa.Connection):
+        return count(target)
+    url = target if target is not None else default_url()
+    parsed = parse_url(url)
+    if parsed.dialect == "sqlite":
+        engine = sa.create_engine(f"sqlite:///{parsed.target}", poolclass=sa.NullPool)
+        with _alembic_errors(url):
+            try:
+                with engine.connect() as conn:
+                    return count(conn)
+            finally:
+                engine.dispose()
+    return asyncio.run(_pg_row_counts(url, parsed.target, tables))
+
+
+async def _pg_row_counts(url: str, dsn: str, tables: list[str]) -> dict[str, int]:
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(dsn, statement_cache_size=0)
+    except Exception as exc:
+        raise StorageError(f"cannot connect to {redact(url)}: {exc}") from exc
+    try:
+        counts: dict[str, int] = {}
+        for table in tables:
+            if await conn.fetchval("SELECT to_regclass($1)", table) is not None:
+                counts[table] = int(await conn.fetchval(f"SELECT count(*) FROM {table}"))
+        return counts
+    finally:
+        await conn.close()
 
 
 def current_revision(target: str | sa.Connection | None = None) -> str | None:
