@@ -52,7 +52,7 @@ from quota._resilience import (
     retry_after_down,
 )
 from quota._store import AsyncStore, SyncStore
-from quota._url import StoreURL, parse_url
+from quota._url import StoreURL, check_schema, parse_url
 
 Clock = Callable[[], float]
 log = logging.getLogger("quota")
@@ -82,6 +82,9 @@ class Options:
     a call borrows one and gives it back."""
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     """Seconds a pooled connection may stay idle before it is closed."""
+    schema: str | None = None
+    """PostgreSQL: the schema holding quota's tables (``search_path`` of the limiter's
+    connections). None takes the URL's ``?schema=`` (default: the server's search_path)."""
     prepared_statements: bool | None = None
     """PostgreSQL: False behind a transaction pooler (PgBouncer ``pool_mode = transaction``):
     no named prepared statements, no session settings. None takes the URL's
@@ -122,6 +125,8 @@ class Options:
             raise ConfigurationError(
                 f"idle_timeout must be seconds in (0, 86400], got {self.idle_timeout!r}"
             )
+        if self.schema is not None:
+            check_schema(self.schema)
         if self.prepared_statements is not None and not isinstance(self.prepared_statements, bool):
             raise ConfigurationError(
                 f"prepared_statements must be a bool, got {self.prepared_statements!r}"
@@ -704,12 +709,21 @@ def _postgres_settings(parsed: StoreURL, options: Options) -> dict[str, Any]:
         "statement_timeout": options.fallback.timeout if options.fallback else None,
         "relaxed": options.durability == "relaxed", "idle_timeout": options.idle_timeout,
         "prepared_statements": parsed.prepared_statements if prepared is None else prepared,
+        "schema": options.schema or parsed.schema,
     }  # fmt: skip
+
+
+def _schema_only_on_postgres(parsed: StoreURL, options: Options) -> None:
+    if options.schema is not None and parsed.dialect != "postgresql":
+        raise ConfigurationError(
+            f"schema={options.schema!r} is for PostgreSQL; a {parsed.dialect} store has no schemas"
+        )
 
 
 def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
     """The sync store for `parsed`, wrapped in the memory fallback when one is configured."""
     parsed.driver_for(asynchronous=False)
+    _schema_only_on_postgres(parsed, options)
     fallback = options.fallback
     # Under a fallback a slow database must not make a slow request: the
     # store's own waits shrink to the fallback's time budget.
@@ -752,6 +766,7 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
 def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
     """The async store for `parsed`, wrapped in the memory fallback when one is configured."""
     parsed.driver_for(asynchronous=True)
+    _schema_only_on_postgres(parsed, options)
     fallback = options.fallback
     store: AsyncStore
     if parsed.dialect == "sqlite":
@@ -800,6 +815,7 @@ def connect(
     pool_size: int = 10,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     prepared_statements: bool | None = None,
+    schema: str | None = None,
     timeout: float = 10.0,
     fallback: bool | Fallback = False,
     record_rate_denials: bool = False,
@@ -840,7 +856,7 @@ def connect(
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
-        idle_timeout=idle_timeout, prepared_statements=prepared_statements,
+        idle_timeout=idle_timeout, prepared_statements=prepared_statements, schema=schema,
         fallback=_fallback(fallback), record_rate_denials=record_rate_denials,
         batching=batching, max_batch=max_batch, durability=durability, metrics=metrics,
         abuse=abuse,
@@ -856,6 +872,7 @@ def connect_async(
     pool_size: int = 10,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     prepared_statements: bool | None = None,
+    schema: str | None = None,
     timeout: float = 10.0,
     fallback: bool | Fallback = False,
     record_rate_denials: bool = False,
@@ -876,7 +893,7 @@ def connect_async(
     """
     options = _options(
         count_denied=count_denied, clock=clock, pool_size=pool_size, timeout=timeout,
-        idle_timeout=idle_timeout, prepared_statements=prepared_statements,
+        idle_timeout=idle_timeout, prepared_statements=prepared_statements, schema=schema,
         fallback=_fallback(fallback), record_rate_denials=record_rate_denials,
         batching=batching, max_batch=max_batch, durability=durability, metrics=metrics,
         abuse=abuse,

@@ -27,7 +27,7 @@ from alembic.runtime.environment import EnvironmentContext
 from quota._errors import ConfigurationError, StorageError
 from quota._schema import metadata
 from quota._sql import VERSION_TABLE
-from quota._url import default_url, parse_url, redact
+from quota._url import check_schema, default_url, parse_url, redact
 
 #: Options a migration reads, from ``migrate(**options)`` or ``alembic -x name=value``.
 OPTION_COUNTERS_LOGGED = "counters_logged"
@@ -65,8 +65,10 @@ def _include_name(name: str | None, type_: str, _parent: object) -> bool:
 def run_env(context: EnvironmentContext) -> None:
     """The body of ``migrations/env.py``: run migrations on a handed-in connection, a URL, or offline."""
     cfg = context.config
+    schema = cfg.attributes.get("schema")
     opts: dict[str, Any] = {
         "version_table": VERSION_TABLE,
+        "version_table_schema": schema,
         "target_metadata": metadata,
         "include_name": _include_name,
         "render_as_batch": True,  # SQLite alters tables by copying them
@@ -76,12 +78,16 @@ def run_env(context: EnvironmentContext) -> None:
         context.configure(connection=connection, **opts)
         with context.begin_transaction():
             _serialize(connection)
-            context.run_migrations()
+            with _in_schema(connection, schema):
+                context.run_migrations()
         return
     url = cfg.get_main_option("sqlalchemy.url") or parse_url(default_url()).sqlalchemy_url()
     if context.is_offline_mode():
         context.configure(url=url, literal_binds=True, **opts)
         with context.begin_transaction():
+            if schema:
+                context.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                context.execute(f'SET LOCAL search_path TO "{schema}"')
             context.run_migrations()
         return
 
@@ -92,7 +98,8 @@ def run_env(context: EnvironmentContext) -> None:
         context.configure(connection=conn, transactional_ddl=True, **opts)
         with context.begin_transaction():
             _serialize(conn)
-            context.run_migrations()
+            with _in_schema(conn, schema):
+                context.run_migrations()
 
     # Behind a transaction pooler (?prepared_statements=false): asyncpg's unnamed
     # statements only, none cached by name on a server connection others share.
@@ -129,6 +136,20 @@ def _serialize(conn: sa.Connection) -> None:
     write lock, taken by ``BEGIN IMMEDIATE``, does it there)."""
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATE_LOCK_ID})
+
+
+@contextlib.contextmanager
+def _in_schema(conn: sa.Connection, schema: str | None) -> Iterator[None]:
+    """Create `schema` if needed and make it the transaction's search_path, then give the
+    connection's own search_path back (a host's env.py goes on on the same connection)."""
+    if not schema:
+        yield
+        return
+    before = conn.execute(sa.text("SELECT current_setting('search_path')")).scalar_one()
+    conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+    conn.execute(sa.text("SELECT set_config('search_path', :path, true)"), {"path": f'"{schema}"'})
+    yield
+    conn.execute(sa.text("SELECT set_config('search_path', :path, true)"), {"path": before})
 
 
 def _sqlite_engine(url: str) -> sa.Engine:
@@ -196,24 +217,33 @@ def _alembic_errors(url: str | None) -> Iterator[None]:
 
 
 def _prepare(
-    target: str | sa.Connection | None, sql: bool, output: TextIO | None, **options: bool
-) -> tuple[Config, str | None]:
+    target: str | sa.Connection | None, sql: bool, output: TextIO | None,
+    schema: str | None = None, **options: bool,
+) -> tuple[Config, str | None]:  # fmt: skip
     cfg = _config(output)
     for name, value in options.items():
         cfg.attributes[name] = value
+    if schema is not None:
+        check_schema(schema)
     if isinstance(target, sa.Connection):
         if sql:
             raise ConfigurationError(
                 "sql=True renders SQL from a URL; pass a URL, not a connection"
             )
+        if schema is not None and target.dialect.name != "postgresql":
+            raise ConfigurationError(f"schema={schema!r} is for PostgreSQL connections only")
         cfg.attributes["connection"] = target
+        cfg.attributes["schema"] = schema
         return cfg, None
     url = target if target is not None else default_url()
     parsed = parse_url(url)
+    if schema is not None and parsed.dialect != "postgresql":
+        raise ConfigurationError(f"schema={schema!r} is for PostgreSQL; {redact(url)} has none")
     if parsed.dialect == "sqlite" and not sql:
         Path(parsed.target).parent.mkdir(parents=True, exist_ok=True)
     cfg.set_main_option("sqlalchemy.url", parsed.sqlalchemy_url().replace("%", "%%"))
     cfg.attributes["prepared_statements"] = parsed.prepared_statements
+    cfg.attributes["schema"] = schema or parsed.schema
     return cfg, url
 
 
@@ -225,6 +255,7 @@ def migrate(
     counters_logged: bool = False,
     counters_partitioned: bool = False,
     output: TextIO | None = None,
+    schema: str | None = None,
 ) -> None:
     """Upgrade the quota tables to `revision` (default: the newest).
 
@@ -236,12 +267,15 @@ def migrate(
     table a normal (WAL-logged) table instead of UNLOGGED; it only matters
     when the table is created. `counters_partitioned` creates it range-partitioned
     by window start instead, so cleanup drops whole partitions (PostgreSQL only;
-    ignored on SQLite; also only when the table is created).
+    ignored on SQLite; also only when the table is created). `schema` (or the
+    URL's ``?schema=``; PostgreSQL) puts quota's tables, and its version table,
+    in that schema, creating it if needed; a connection's ``search_path`` is
+    given back as it was.
 
     Raises `StorageError` when the database cannot be reached.
     """
     cfg, url = _prepare(
-        target, sql, output,
+        target, sql, output, schema,
         **{OPTION_COUNTERS_LOGGED: counters_logged, OPTION_COUNTERS_PARTITIONED: counters_partitioned},
     )  # fmt: skip
     with _alembic_errors(url):
@@ -263,6 +297,7 @@ def downgrade(
     sql: bool = False,
     output: TextIO | None = None,
     drop_data: bool = False,
+    schema: str | None = None,
 ) -> None:
     """Downgrade the quota tables to `revision` (``base`` removes them all).
 
@@ -274,17 +309,19 @@ def downgrade(
     """
     if not isinstance(drop_data, bool):
         raise ConfigurationError(f"drop_data must be a bool, got {drop_data!r}")
-    cfg, url = _prepare(target, sql, output)
+    cfg, url = _prepare(target, sql, output, schema)
     if not sql and not drop_data:
-        _refuse_to_drop_data(target, revision)
+        _refuse_to_drop_data(target, revision, cfg.attributes.get("schema"))
     with _alembic_errors(url):
         command.downgrade(cfg, revision if not sql else f"head:{revision}", sql=sql)
 
 
-def _refuse_to_drop_data(target: str | sa.Connection | None, revision: str) -> None:
+def _refuse_to_drop_data(
+    target: str | sa.Connection | None, revision: str, schema: str | None
+) -> None:
     from quota._schema import REVISIONS
 
-    current = current_revision(target)
+    current = current_revision(target, schema=schema)
     if current not in REVISIONS:
         return  # nothing there (or a revision this code does not know): Alembic decides
     if revision != "base" and revision not in REVISIONS:
@@ -296,7 +333,7 @@ def _refuse_to_drop_data(target: str | sa.Connection | None, revision: str) -> N
     tables = [table for rev in undone for table in DURABLE_TABLES.get(rev, ())]
     if not tables:
         return
-    counts = _row_counts(target, tables)
+    counts = _row_counts(target, tables, schema)
     held = {table: rows for table, rows in counts.items() if rows}
     if held:
         listed = ", ".join(f"{table} ({rows} rows)" for table, rows in held.items())
@@ -307,11 +344,18 @@ def _refuse_to_drop_data(target: str | sa.Connection | None, revision: str) -> N
         )
 
 
-def _row_counts(target: str | sa.Connection | None, tables: list[str]) -> dict[str, int]:
+def _row_counts(
+    target: str | sa.Connection | None, tables: list[str], schema: str | None
+) -> dict[str, int]:
+    """Rows in each of `tables` that exists (in `schema`, else on the search path)."""
+
+    def named(table: str) -> str:
+        return f'"{schema}".{table}' if schema else table
+
     def count(conn: sa.Connection) -> dict[str, int]:
-        present = set(sa.inspect(conn).get_table_names())
+        present = set(sa.inspect(conn).get_table_names(schema=schema))
         return {
-            table: int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one())
+            table: int(conn.execute(sa.text(f"SELECT count(*) FROM {named(table)}")).scalar_one())
             for table in tables
             if table in present
         }
@@ -328,7 +372,7 @@ def _row_counts(target: str | sa.Connection | None, tables: list[str]) -> dict[s
                     return count(conn)
             finally:
                 engine.dispose()
-    return asyncio.run(_pg_row_counts(url, parsed.target, tables))
+    return asyncio.run(_pg_row_counts(url, parsed.target, [named(t) for t in tables]))
 
 
 async def _pg_row_counts(url: str, dsn: str, tables: list[str]) -> dict[str, int]:
@@ -342,16 +386,20 @@ async def _pg_row_counts(url: str, dsn: str, tables: list[str]) -> dict[str, int
         counts: dict[str, int] = {}
         for table in tables:
             if await conn.fetchval("SELECT to_regclass($1)", table) is not None:
-                counts[table] = int(await conn.fetchval(f"SELECT count(*) FROM {table}"))
+                counts[table.rpartition(".")[2]] = int(
+                    await conn.fetchval(f"SELECT count(*) FROM {table}")
+                )
         return counts
     finally:
         await conn.close()
 
 
-def current_revision(target: str | sa.Connection | None = None) -> str | None:
+def current_revision(
+    target: str | sa.Connection | None = None, *, schema: str | None = None
+) -> str | None:
     """The revision the database is at, or None when the quota tables were never created."""
     buffer = io.StringIO()
-    cfg, url = _prepare(target, False, buffer)
+    cfg, url = _prepare(target, False, buffer, schema)
     with _alembic_errors(url):
         command.current(cfg)
     words = buffer.getvalue().split()

@@ -59,12 +59,17 @@ UNBUDGETED_TRANSACTION = (
 DURABLE_TRANSACTION = "SET LOCAL synchronous_commit = on"
 
 
-def session_settings(relaxed: bool, statement_timeout: float | None) -> str | None:
-    """The statement a direct connection runs once when it opens: durability and time budget."""
+def session_settings(
+    relaxed: bool, statement_timeout: float | None, schema: str | None = None
+) -> str | None:
+    """The statement a direct connection runs once when it opens: durability, time budget
+    and the schema of quota's tables."""
     settings = [("synchronous_commit", "off")] if relaxed else []
     if statement_timeout:
         ms = str(max(1, int(statement_timeout * 1000)))
         settings += [("statement_timeout", ms), ("lock_timeout", ms)]
+    if schema:
+        settings.append(("search_path", f'"{schema}"'))
     if not settings:
         return None
     return "SELECT " + ", ".join(
@@ -72,14 +77,25 @@ def session_settings(relaxed: bool, statement_timeout: float | None) -> str | No
     )
 
 
-def check_pooler_options(url: str, prepared_statements: bool, relaxed: bool) -> None:
-    """Refuse what a transaction pooler cannot do: session-wide relaxed durability."""
-    if not prepared_statements and relaxed:
+def check_pooler_options(
+    url: str, prepared_statements: bool, relaxed: bool, schema: str | None = None
+) -> None:
+    """Refuse what a transaction pooler cannot do: session-wide settings."""
+    if prepared_statements:
+        return
+    if relaxed:
         raise ConfigurationError(
             f"durability='relaxed' with prepared_statements=False ({redact(url)}): behind a"
             " transaction pooler a session SET would reach other clients' connections; set it"
             " on the role instead (ALTER ROLE … SET synchronous_commit = off) and leave"
             " durability='full'"
+        )
+    if schema:
+        raise ConfigurationError(
+            f"schema={schema!r} with prepared_statements=False ({redact(url)}): behind a"
+            " transaction pooler a session search_path would reach other clients' connections;"
+            f' set it on the role instead (ALTER ROLE … SET search_path = "{schema}") and leave'
+            " schema out of the URL (quota migrate still takes it)"
         )
 
 
@@ -402,10 +418,12 @@ class AsyncPostgresStore:
         self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
         db_clock: bool = False, statement_timeout: float | None = None, relaxed: bool = False,
         prepared_statements: bool = True, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        schema: str | None = None,
     ) -> None:  # fmt: skip
-        check_pooler_options(url, prepared_statements, relaxed)
+        check_pooler_options(url, prepared_statements, relaxed, schema)
         self.url = url
         self.db_clock = db_clock
+        self._schema = schema
         self._bind = _sql.Binder("numeric_dollar", "postgresql", db_clock)
         # durability="relaxed": the session commits without waiting for the WAL flush.
         self._relaxed = relaxed
@@ -434,12 +452,12 @@ class AsyncPostgresStore:
             pool = _Pool(
                 self._dsn, self._pool_size, self._connect_timeout,
                 self._statement_timeout or self._connect_timeout,
-                setup=session_settings(self._relaxed, self._statement_timeout)
+                setup=session_settings(self._relaxed, self._statement_timeout, self._schema)
                 if self._prepared_statements else None,
                 prepared_statements=self._prepared_statements, idle_timeout=self._idle_timeout,
             )  # fmt: skip
             try:
-                check_version(await self._schema(pool), self.url)
+                check_version(await self._read_version(pool), self.url)
             except BaseException as exc:
                 await pool.close()
                 if isinstance(exc, Exception) and not isinstance(exc, QuotaError):
@@ -448,7 +466,7 @@ class AsyncPostgresStore:
             self._pool = pool
             return pool
 
-    async def _schema(self, pool: _Pool) -> Rows | None:
+    async def _read_version(self, pool: _Pool) -> Rows | None:
         """The version table's rows (None without one); learns whether counters are partitioned."""
         for _ in range(self._pool_size):
             conn = await pool.acquire()
@@ -700,6 +718,7 @@ class PostgresStore:
         self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
         db_clock: bool = False, statement_timeout: float | None = None, relaxed: bool = False,
         prepared_statements: bool = True, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        schema: str | None = None,
     ) -> None:  # fmt: skip
         try:
             import psycopg
@@ -708,7 +727,7 @@ class PostgresStore:
                 f"url {url!r} needs psycopg 3 for the sync face: pip install 'quota[postgres]'"
                 " (or use quota.connect_async() with asyncpg)"
             ) from exc
-        check_pooler_options(url, prepared_statements, relaxed)
+        check_pooler_options(url, prepared_statements, relaxed, schema)
         self._psycopg = psycopg
         self.url = url
         self.db_clock = db_clock
@@ -718,7 +737,9 @@ class PostgresStore:
         self._prepared_statements = prepared_statements
         # Direct: the fallback's budget (and relaxed durability) is set on each
         # connection as it opens; behind a transaction pooler, a watchdog holds it.
-        self._setup = session_settings(relaxed, statement_timeout) if prepared_statements else None
+        self._setup = (
+            session_settings(relaxed, statement_timeout, schema) if prepared_statements else None
+        )
         self._watchdog = (
             _Watchdog(statement_timeout) if statement_timeout and not prepared_statements else None
         )

@@ -14,6 +14,7 @@ keep no SQL schema: there is nothing to migrate on them.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode
@@ -57,13 +58,19 @@ class StoreURL:
     target: str
     """The file path (SQLite), the libpq DSN without a driver and without quota's own query
     parameters (PostgreSQL), ``NAME?options`` (memory) or the URL itself (Redis)."""
-    parameters: Mapping[str, bool] = field(default_factory=dict)
+    parameters: Mapping[str, bool | str] = field(default_factory=dict)
     """quota's own query parameters of a PostgreSQL URL (`QUOTA_PARAMETERS`)."""
 
     @property
     def prepared_statements(self) -> bool:
         """False when the URL says ``?prepared_statements=false`` (a transaction pooler)."""
-        return self.parameters.get("prepared_statements", True)
+        return self.parameters.get("prepared_statements", True) is not False
+
+    @property
+    def schema(self) -> str | None:
+        """The schema of quota's tables when the URL says ``?schema=NAME``."""
+        schema = self.parameters.get("schema")
+        return schema if isinstance(schema, str) else None
 
     @property
     def is_async_driver(self) -> bool:
@@ -98,25 +105,39 @@ class StoreURL:
 
 
 #: Query parameters of a PostgreSQL URL that are quota's own, not libpq's.
-QUOTA_PARAMETERS = ("prepared_statements",)
+QUOTA_PARAMETERS = ("prepared_statements", "schema")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
+#: A schema name quota accepts: a plain PostgreSQL identifier (it is quoted anyway).
+_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
-def own_parameters(url: str, target: str) -> tuple[str, dict[str, bool]]:
+def check_schema(schema: object, where: str = "schema") -> str:
+    """`schema` if it is a plain identifier; `ConfigurationError` naming `where` otherwise."""
+    if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
+        raise ConfigurationError(
+            f"{where} must be a plain identifier (letters, digits, _; at most 63), got {schema!r}"
+        )
+    return schema
+
+
+def own_parameters(url: str, target: str) -> tuple[str, dict[str, bool | str]]:
     """`target` (a libpq URL) without quota's own query parameters, and their values.
 
-    ``postgresql://app@db/app?prepared_statements=false&sslmode=require`` gives
-    the DSN with ``sslmode`` only and ``{"prepared_statements": False}``.
+    ``postgresql://app@db/app?prepared_statements=false&schema=limits&sslmode=require``
+    gives the DSN with ``sslmode`` only and ``{"prepared_statements": False,
+    "schema": "limits"}``.
     """
     base, sep, query = target.partition("?")
     if not sep:
         return target, {}
-    own: dict[str, bool] = {}
+    own: dict[str, bool | str] = {}
     kept: list[tuple[str, str]] = []
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name not in QUOTA_PARAMETERS:
             kept.append((name, value))
+        elif name == "schema":
+            own[name] = check_schema(value, f"url query parameter schema in {redact(url)!r}")
         elif value.lower() in _TRUE:
             own[name] = True
         elif value.lower() in _FALSE:
