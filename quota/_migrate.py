@@ -105,8 +105,21 @@ def run_env(context: EnvironmentContext) -> None:
     # statements only, none cached by name on a server connection others share.
     pooled = cfg.attributes.get("prepared_statements") is False
     if sa.make_url(url).get_dialect().is_async:
-        connect_args = {"statement_cache_size": 0, "prepared_statement_cache_size": 0}
-        asyncio.run(_run_async(url, run, connect_args if pooled else {}))
+        connect_args: dict[str, Any] = (
+            {"statement_cache_size": 0, "prepared_statement_cache_size": 0} if pooled else {}
+        )
+        # libpq's ?options=-c… (a search_path, say): asyncpg takes it as a startup
+        # setting, but SQLAlchemy would hand it to asyncpg.connect as an argument.
+        parsed_url = sa.make_url(url)
+        if "options" in parsed_url.query:
+            options = parsed_url.query["options"]
+            connect_args["server_settings"] = {
+                "options": options if isinstance(options, str) else " ".join(options)
+            }
+            url = parsed_url.difference_update_query(["options"]).render_as_string(
+                hide_password=False
+            )
+        asyncio.run(_run_async(url, run, connect_args))
     else:
         if sa.make_url(url).get_backend_name() == "sqlite":
             engine = _sqlite_engine(url)

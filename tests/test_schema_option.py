@@ -84,3 +84,24 @@ def test_bad_schemas_are_configuration_errors(tmp_path: object) -> None:
         quota.connect("sqlite:///x.db", schema="limits")
     with pytest.raises(quota.ConfigurationError, match="ALTER ROLE"):
         quota.connect("postgresql://u@h.invalid/db?schema=limits&prepared_statements=false")
+
+
+@pytest.mark.postgres
+def test_the_libpq_options_search_path_form_works_everywhere(
+    pg_make_database: Callable[[], str],
+) -> None:
+    plain = pg_make_database()
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA limits")
+    url = plain + "?options=-csearch_path%3Dlimits"
+    quota.migrate(url)  # main: TypeError: connect() got an unexpected keyword argument 'options'
+    assert "quota_counters" in _tables(plain, "limits")
+    with quota.connect(url) as limiter:
+        assert limiter.rate_limit("k", 2, 3600).allowed
+
+    async def async_face() -> bool:
+        async with quota.connect_async(url) as limiter:
+            return (await limiter.rate_limit("k", 2, 3600)).allowed
+
+    assert asyncio.run(async_face())
+    assert all(f.severity != "error" for f in quota.diagnose(url)), quota.diagnose(url)
