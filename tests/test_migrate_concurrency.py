@@ -54,3 +54,24 @@ def test_concurrent_migrations_on_a_fresh_postgres_database(
 def test_concurrent_migrations_on_a_fresh_sqlite_file(tmp_path: Path, round_: int) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     _check(url, _migrate_together(url))
+
+
+@pytest.mark.postgres
+def test_example_workers_starting_together_on_a_fresh_database(
+    pg_make_database: Callable[[], str],
+) -> None:
+    """The Flask example migrates when it is imported, as each of `gunicorn -w 4`'s workers
+    does: four at once on a fresh database all start."""
+    import os
+
+    url = pg_make_database()
+    env = {**os.environ, "QUOTA_DATABASE_URL": url, "QUOTA_HASH_SECRET": "x" * 32}
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-c", "import examples.flask_app"]
+    workers = [
+        subprocess.Popen(command, cwd=root, env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    errors = [w.communicate(timeout=120)[1] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0, 0], errors
+    assert quota.current_revision(url) == REVISIONS[-1]
