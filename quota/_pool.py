@@ -32,6 +32,18 @@ class PoolTimeout(StorageError):
     """Every connection of the pool stayed busy for the whole wait."""
 
 
+class _Waiter(Generic[C]):
+    """A thread waiting for a connection: handed one (`conn`), or a free slot (`slot`)."""
+
+    __slots__ = ("conn", "ready", "slot")
+
+    def __init__(self) -> None:
+        self.conn: C | None = None
+        self.slot = False
+        self.ready = threading.Lock()
+        self.ready.acquire()
+
+
 class SyncPool(Generic[C]):
     """At most `size` connections; `acquire` borrows one, `release` gives it back.
 
@@ -55,7 +67,8 @@ class SyncPool(Generic[C]):
         #: Idle connections, most recently released on the right, with their release time.
         self._idle: deque[tuple[C, float]] = deque()
         self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)
+        self._waiters: deque[_Waiter[C]] = deque()
+        #: ``len(_waiters)``, read without the lock on the hot path.
         self._waiting = 0
         #: Connections open now, idle or lent.
         self.opened = 0
@@ -72,28 +85,36 @@ class SyncPool(Generic[C]):
 
     def _acquire_slow(self) -> C:
         deadline = self._clock() + self._wait_timeout
-        with self._lock:
-            self._waiting += 1
-            try:
-                while True:
-                    if self._closed:
-                        raise StorageError("the connection pool is closed")
-                    try:
-                        return self._idle.pop()[0]
-                    except IndexError:
-                        pass
-                    if self.opened < self.size:
-                        self.opened += 1
-                        break
-                    left = deadline - self._clock()
-                    if left <= 0:
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise StorageError("the connection pool is closed")
+                try:
+                    return self._idle.pop()[0]
+                except IndexError:
+                    pass
+                if self.opened < self.size:
+                    self.opened += 1
+                    break
+                waiter: _Waiter[C] = _Waiter()
+                self._waiters.append(waiter)
+                self._waiting = len(self._waiters)
+            # Released connections are handed to waiters in turn (no thread that
+            # just gave one back takes it again ahead of them).
+            waiter.ready.acquire(timeout=max(0.0, deadline - self._clock()))
+            with self._lock:
+                if waiter.conn is not None:
+                    return waiter.conn
+                if not waiter.slot:
+                    self._waiters.remove(waiter)
+                    self._waiting = len(self._waiters)
+                    if self._clock() >= deadline:
                         raise PoolTimeout(
                             f"all {self.size} connections stayed busy for {self._wait_timeout:g}s"
                             " (raise pool_size, or look for slow statements)"
                         )
-                    self._freed.wait(left)
-            finally:
-                self._waiting -= 1
+                    continue
+            break  # a slot freed by a closed connection: open one
         try:
             return self._open_conn()
         except BaseException:
@@ -109,7 +130,11 @@ class SyncPool(Generic[C]):
         self._idle.append((conn, self._clock()))
         if self._waiting:
             with self._lock:
-                self._freed.notify()
+                while self._waiters and self._idle:
+                    waiter = self._waiters.popleft()
+                    waiter.conn = self._idle.pop()[0]
+                    waiter.ready.release()
+                self._waiting = len(self._waiters)
         if self._reaper is None:
             self._start_reaper()
 
@@ -118,10 +143,18 @@ class SyncPool(Generic[C]):
         self._close_conn(conn)
         self._forget()
 
-    def _forget(self) -> None:
+    def _forget(self, closed: int = 1) -> None:
+        """`closed` connections are gone: their slots go to waiters first."""
         with self._lock:
-            self.opened -= 1
-            self._freed.notify()
+            self.opened -= closed
+            for _ in range(closed):
+                if not self._waiters:
+                    break
+                waiter = self._waiters.popleft()
+                waiter.slot = True
+                self.opened += 1
+                waiter.ready.release()
+            self._waiting = len(self._waiters)
 
     def _start_reaper(self) -> None:
         with self._lock:
@@ -144,11 +177,10 @@ class SyncPool(Generic[C]):
             # The oldest are on the left; a busy pool reuses those on the right.
             while self._idle and self._idle[0][1] <= cutoff:
                 stale.append(self._idle.popleft()[0])
-            self.opened -= len(stale)
-            if stale:
-                self._freed.notify(len(stale))
         for conn in stale:
             self._close_conn(conn)
+        if stale:
+            self._forget(len(stale))
         return len(stale)
 
     def close(self) -> None:
@@ -158,7 +190,10 @@ class SyncPool(Generic[C]):
             idle = [conn for conn, _ in self._idle]
             self._idle.clear()
             self.opened -= len(idle)
-            self._freed.notify_all()
+            for waiter in self._waiters:
+                waiter.ready.release()  # it finds the pool closed
+            self._waiters.clear()
+            self._waiting = 0
         self._wake_reaper.set()
         for conn in idle:
             self._close_conn(conn)

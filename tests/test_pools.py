@@ -93,6 +93,22 @@ def test_a_waiting_thread_gets_the_released_connection() -> None:
     assert conns.opened == [0]
 
 
+def test_a_discarded_connections_slot_goes_to_a_waiting_thread() -> None:
+    conns = Conns()
+    pool = SyncPool(conns.open, conns.close, size=1, wait_timeout=5)
+    first = pool.acquire()
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire()))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while pool._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    pool.discard(first)
+    waiter.join(5)
+    assert got == [1]  # a new connection in the freed slot
+    assert pool.opened == 1
+
+
 def test_discard_frees_the_slot_and_closes_the_connection() -> None:
     conns = Conns()
     pool = SyncPool(conns.open, conns.close, size=1, wait_timeout=0.05)
