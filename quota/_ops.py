@@ -127,7 +127,7 @@ def cleanup(
             deleted += yield from _partitions.maintain(now, int(now) - grace)
         for _, delete in tables:
             while True:
-                rows = yield delete, (cutoff, batch_size)
+                rows = yield delete, (cutoff, batch_size, cutoff)
                 deleted += len(rows)
                 if len(rows) < batch_size:
                     break

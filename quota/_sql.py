@@ -55,11 +55,11 @@ RESET_WINDOW = "DELETE FROM quota_counters WHERE client_key = ? AND window_secon
 _EXPIRED = "(window_start + window_seconds) < ?"
 #: Params: cutoff.
 COUNT_EXPIRED = f"SELECT count(*) FROM quota_counters WHERE {_EXPIRED}"
-#: Params: cutoff, batch size.
+#: Params: cutoff, batch size, cutoff.
 DELETE_EXPIRED = (
     "DELETE FROM quota_counters WHERE bucket_key IN"
     f" (SELECT bucket_key FROM quota_counters WHERE {_EXPIRED} LIMIT ?)"
-    " RETURNING 1"
+    f" AND {_EXPIRED} RETURNING 1"
 )
 
 #: The busiest keys in windows still running. Params: now, limit.
@@ -333,8 +333,12 @@ STATE_RESET_WINDOW = (
     "DELETE FROM quota_state WHERE client_key = ? AND window_seconds = ? RETURNING 1"
 )
 #: Params: cutoff, batch size.
+#: The outer condition is checked again on the row as it is when the delete gets it: on
+#: PostgreSQL a delete that waited for an in-flight update (a token bucket's, say) sees the
+#: updated row, and must not delete it if that update made it live again.
 STATE_DELETE_EXPIRED = (
     "DELETE FROM quota_state WHERE bucket_key IN"
-    " (SELECT bucket_key FROM quota_state WHERE expires_at < ? LIMIT ?) RETURNING 1"
+    " (SELECT bucket_key FROM quota_state WHERE expires_at < ? LIMIT ?)"
+    " AND expires_at < ? RETURNING 1"
 )
 STATE_COUNT_EXPIRED = "SELECT count(*) FROM quota_state WHERE expires_at < ?"

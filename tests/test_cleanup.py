@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import pytest
 
 import quota
 from quota._sql import CLEANUP_LOCK_ID
 from tests import _workers
-from tests._support import Backend
+from tests._support import Backend, Clock
 
 
 def _seed(backend: Backend, *, expired: int, live: int) -> tuple[list[str], list[str]]:
@@ -225,3 +226,44 @@ def test_partition_maintenance_sets_nothing_on_the_session_even_when_a_statement
     assert sent[ddl - 2 : ddl] == ["BEGIN", _partitions.DDL_SETTINGS]
     assert "set_config('synchronous_commit', 'off', true)" in _partitions.DDL_SETTINGS
     assert sent[-1] == "ROLLBACK"
+
+
+@pytest.mark.postgres
+def test_cleanup_never_deletes_a_state_row_an_inflight_update_made_live(pg_clean_url: str) -> None:
+    """The sweep picks a token-bucket row that looked expired, waits for an update in
+    flight on it, and must then see that the update made it live again."""
+    import threading
+
+    import psycopg
+
+    clock = Clock()
+    with quota.connect(pg_clean_url, clock=clock) as limiter:
+        limiter.rate_limit("bucket", 5, 60, algorithm="token_bucket", cost=5)  # empty bucket
+        with psycopg.connect(pg_clean_url, autocommit=True) as conn:
+            key, expires = conn.execute("SELECT bucket_key, expires_at FROM quota_state").fetchone()
+        clock.advance(3600)  # the row has long been the same as no row: it looks expired
+        with psycopg.connect(pg_clean_url) as updater:
+            # A hit in flight that empties the bucket again: the row is live once it commits.
+            updater.execute(
+                "UPDATE quota_state SET expires_at = %s WHERE bucket_key = %s",
+                (clock.now + 60, key),
+            )
+            result: list[quota.CleanupResult] = []
+            sweep = threading.Thread(target=lambda: result.append(limiter.cleanup(grace=0)))
+            sweep.start()
+            deadline = time.monotonic() + 10
+            with psycopg.connect(pg_clean_url, autocommit=True) as watch:
+                while time.monotonic() < deadline:  # the sweep waits on the updater's row lock
+                    waiting = watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'DELETE FROM quota_state%'"
+                    ).fetchone()
+                    if waiting and waiting[0]:
+                        break
+                    time.sleep(0.01)
+            updater.commit()
+            sweep.join(10)
+        assert result and result[0].deleted == 0
+        with psycopg.connect(pg_clean_url, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM quota_state").fetchone() == (1,)
+    assert expires < clock.now
