@@ -441,13 +441,21 @@ def refund(subject: object, name: object, idempotency_key: object, now: float) -
 
 
 def _refund(subject: str, name: str, key: str, now: float) -> Op[RefundResult]:
-    rows = yield q.LEDGER_MARK_REFUNDED, (now, subject, name, key)
-    if not rows:
+    # Row locks in the one order every operation takes them: the usage row, then the
+    # ledger (a consume upserts usage, then claims its key in the ledger). The charge is
+    # looked up without a lock first; marking it refunded first deadlocked against a
+    # consume of the same key.
+    held = yield q.LEDGER_HELD, (subject, name, key)
+    if not held:
         seen = yield q.LEDGER_KEY_SEEN, (subject, name, key)
         status = ALREADY_REFUNDED if int(seen[0][0]) else UNKNOWN_KEY
         return RefundResult(False, status, subject, name, key, 0)
-    cost, start, end = (int(x) for x in rows[0])
+    cost, start, end = int(held[0][0]), int(held[0][4]), int(held[0][5])
     usage = yield q.USAGE_REFUND, (cost, now, subject, name, start)
+    marked = yield q.LEDGER_MARK_REFUNDED, (now, subject, name, key)
+    if not marked or (int(marked[0][0]), int(marked[0][1])) != (cost, start):
+        # Refunded (and maybe charged again) between the look and the locks: undo, retry.
+        raise _Abort(None, then=_refund(subject, name, key, now))
     used = granted = limit = remaining = None
     if usage:
         used, granted = int(usage[0][0]), int(usage[0][1])

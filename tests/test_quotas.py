@@ -1260,3 +1260,50 @@ def test_async_methods_are_coroutines(tmp_path: Path) -> None:
     limiter = quota.connect_async(f"sqlite:///{tmp_path / 'q.db'}")
     for name in ("consume_quota", "refund_quota", "grant_quota", "quota_usage", "ledger", "check"):
         assert inspect.iscoroutinefunction(getattr(limiter, name)), name
+
+
+@pytest.mark.postgres
+def test_refund_racing_a_consume_of_the_same_key_never_deadlocks(pg_url: str) -> None:
+    """A refund and a consume (a retry of the same key) on one subject take the usage row
+    and the ledger row in one order: no `deadlock detected` in a long race."""
+    import threading
+    import uuid
+
+    subject = f"race-{uuid.uuid4().hex}"
+    errors: list[BaseException] = []
+    with quota.connect(pg_url, pool_size=4) as limiter:
+        for round_ in range(150):
+            key = f"k{round_}"
+            limiter.consume_quota(subject, "calls", 10**6, "day", idempotency_key=key)
+            barrier = threading.Barrier(2)
+
+            def run(call: Callable[[], object], barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                try:
+                    call()
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+            threads = [
+                threading.Thread(
+                    target=run, args=(lambda k=key: limiter.refund_quota(subject, "calls", k),)
+                ),
+                threading.Thread(
+                    target=run,
+                    args=(
+                        lambda k=key: limiter.consume_quota(
+                            subject, "calls", 10**6, "day", idempotency_key=k
+                        ),
+                    ),
+                ),
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+        assert not errors, errors[:3]
+        # Usage equals the ledger: charges minus refunds.
+        ledger = limiter.ledger(subject)
+        charged = sum(e.cost for e in ledger if e.kind == "consume")
+        refunded = sum(e.cost for e in ledger if e.kind == "refund")
+        assert [u.used for u in limiter.quota_usage(subject)] == [charged - refunded]
