@@ -375,8 +375,10 @@ class Limiter:
         limit), `StorageError` when the database fails (nothing is written).
         """
         now = self._clock()
-        op = _quotas.consume(subject, name, limit, period, cost, idempotency_key, tz, now)
-        return _quotas.run(self.store, op)
+        make = functools.partial(
+            _quotas.consume, subject, name, limit, period, cost, idempotency_key, tz, now
+        )
+        return _quotas.run(self.store, make(), again=make)
 
     def refund_quota(self, subject: str, name: str, idempotency_key: str) -> RefundResult:
         """Give back the charge `idempotency_key` holds (its work failed, say).
@@ -384,15 +386,15 @@ class Limiter:
         Refunding an unknown key, or a key already refunded, does nothing and
         says so in the result's ``status``. The key is free again afterwards.
         """
-        op = _quotas.refund(subject, name, idempotency_key, self._clock())
-        return _quotas.run(self.store, op)
+        make = functools.partial(_quotas.refund, subject, name, idempotency_key, self._clock())
+        return _quotas.run(self.store, make(), again=make)
 
     def grant_quota(
         self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
     ) -> QuotaUsage:
         """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
-        op = _quotas.grant(subject, name, amount, period, tz, self._clock())
-        return _quotas.run(self.store, op)
+        make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())
+        return _quotas.run(self.store, make(), again=make)
 
     def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[QuotaUsage]:
         """`subject`'s quotas in the periods running now (every period with `include_ended`)."""
@@ -429,11 +431,11 @@ class Limiter:
         `idempotency_key` (which needs a `QuotaLimit`) makes retries return
         the original outcome without charging again.
         """
-        op = _quotas.check(
-            limits, cost, idempotency_key, self._clock(),
+        make = functools.partial(
+            _quotas.check, limits, cost, idempotency_key, self._clock(),
             record_rate_denials=self._record_denials,
         )  # fmt: skip
-        return _quotas.run(self.store, op)
+        return _quotas.run(self.store, make(), again=make)
 
     def _record_denial(self, decision: Decision, cost: int, now: float) -> None:
         try:
@@ -608,20 +610,22 @@ class AsyncLimiter:
     ) -> QuotaDecision:  # fmt: skip
         """See `Limiter.consume_quota`."""
         now = self._clock()
-        op = _quotas.consume(subject, name, limit, period, cost, idempotency_key, tz, now)
-        return await _quotas.arun(self.store, op)
+        make = functools.partial(
+            _quotas.consume, subject, name, limit, period, cost, idempotency_key, tz, now
+        )
+        return await _quotas.arun(self.store, make(), again=make)
 
     async def refund_quota(self, subject: str, name: str, idempotency_key: str) -> RefundResult:
         """See `Limiter.refund_quota`."""
-        op = _quotas.refund(subject, name, idempotency_key, self._clock())
-        return await _quotas.arun(self.store, op)
+        make = functools.partial(_quotas.refund, subject, name, idempotency_key, self._clock())
+        return await _quotas.arun(self.store, make(), again=make)
 
     async def grant_quota(
         self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
     ) -> QuotaUsage:
         """See `Limiter.grant_quota`."""
-        op = _quotas.grant(subject, name, amount, period, tz, self._clock())
-        return await _quotas.arun(self.store, op)
+        make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())
+        return await _quotas.arun(self.store, make(), again=make)
 
     async def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[QuotaUsage]:
         """See `Limiter.quota_usage`."""
@@ -645,11 +649,11 @@ class AsyncLimiter:
         self, *limits: RateWindow | QuotaLimit, cost: int = 1, idempotency_key: str | None = None
     ) -> CheckDecision:
         """See `Limiter.check`."""
-        op = _quotas.check(
-            limits, cost, idempotency_key, self._clock(),
+        make = functools.partial(
+            _quotas.check, limits, cost, idempotency_key, self._clock(),
             record_rate_denials=self._record_denials,
         )  # fmt: skip
-        return await _quotas.arun(self.store, op)
+        return await _quotas.arun(self.store, make(), again=make)
 
     async def _record_denial(self, decision: Decision, cost: int, now: float) -> None:
         try:

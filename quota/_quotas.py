@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -276,8 +276,18 @@ class _Abort(QuotaError):
         self.then = then
 
 
-def run(store: SyncStore, op: Op[T]) -> T:
-    """Drive `op` in one transaction on a sync store; see `_Abort`."""
+#: SQLSTATEs of a transaction the database gave up on to let another through
+#: (serialization_failure, deadlock_detected): rolled back whole, safe to run again.
+_RETRYABLE = ("40001", "40P01")
+
+
+def _retryable(exc: StorageError) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) in _RETRYABLE
+
+
+def run(store: SyncStore, op: Op[T], again: Callable[[], Op[T]] | None = None) -> T:
+    """Drive `op` in one transaction on a sync store; see `_Abort`. A transaction the
+    database rolled back to let another through is run again (`again` makes the op anew)."""
     for _ in range(_ATTEMPTS):
         try:
             return store.run(op, transaction=True)
@@ -286,10 +296,14 @@ def run(store: SyncStore, op: Op[T]) -> T:
                 result: T = abort.result
                 return result
             op = abort.then
-    raise StorageError(f"gave up after {_ATTEMPTS} attempts raced concurrent refunds")
+        except StorageError as exc:
+            if again is None or not _retryable(exc):
+                raise
+            op = again()
+    raise StorageError(f"gave up after {_ATTEMPTS} attempts raced concurrent transactions")
 
 
-async def arun(store: AsyncStore, op: Op[T]) -> T:
+async def arun(store: AsyncStore, op: Op[T], again: Callable[[], Op[T]] | None = None) -> T:
     """`run` on an async store."""
     for _ in range(_ATTEMPTS):
         try:
@@ -299,7 +313,11 @@ async def arun(store: AsyncStore, op: Op[T]) -> T:
                 result: T = abort.result
                 return result
             op = abort.then
-    raise StorageError(f"gave up after {_ATTEMPTS} attempts raced concurrent refunds")
+        except StorageError as exc:
+            if again is None or not _retryable(exc):
+                raise
+            op = again()
+    raise StorageError(f"gave up after {_ATTEMPTS} attempts raced concurrent transactions")
 
 
 # -- placing a call in its period --------------------------------------------------------

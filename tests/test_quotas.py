@@ -1307,3 +1307,37 @@ def test_refund_racing_a_consume_of_the_same_key_never_deadlocks(pg_url: str) ->
         charged = sum(e.cost for e in ledger if e.kind == "consume")
         refunded = sum(e.cost for e in ledger if e.kind == "refund")
         assert [u.used for u in limiter.quota_usage(subject)] == [charged - refunded]
+
+
+def test_a_transaction_the_database_rolled_back_for_another_is_run_again() -> None:
+    """deadlock_detected / serialization_failure: nothing was written, so the operation runs
+    again from scratch (made anew by `again`); any other error is raised."""
+    from quota import _quotas
+
+    class Refused(Exception):
+        def __init__(self, sqlstate: str) -> None:
+            super().__init__(sqlstate)
+            self.sqlstate = sqlstate
+
+    class Store:
+        dialect = "postgresql"
+
+        def __init__(self, failures: list[str]) -> None:
+            self.failures = failures
+            self.runs = 0
+
+        def run(self, op: Any, *, transaction: bool) -> Any:
+            self.runs += 1
+            if self.failures:
+                state = self.failures.pop(0)
+                raise quota.StorageError(state) from Refused(state)
+            return next(op, None) or "done"
+
+    def make() -> Iterator[Any]:
+        return iter(())
+
+    store = Store(["40P01", "40001"])
+    assert _quotas.run(store, make(), again=make) == "done"  # type: ignore[arg-type]
+    assert store.runs == 3
+    with pytest.raises(quota.StorageError, match="23505"):
+        _quotas.run(Store(["23505"]), make(), again=make)  # type: ignore[arg-type]
