@@ -25,7 +25,7 @@ from alembic.config import Config
 from alembic.runtime.environment import EnvironmentContext
 
 from quota._errors import ConfigurationError, StorageError
-from quota._schema import metadata
+from quota._schema import include_name, include_object, metadata
 from quota._sql import VERSION_TABLE
 from quota._url import check_schema, default_url, parse_url, redact
 
@@ -57,11 +57,6 @@ def option(context: Any, name: str) -> bool:
     return _truthy(value) if value is not None else False
 
 
-def _include_name(name: str | None, type_: str, _parent: object) -> bool:
-    # Autogenerate looks at our tables only, never at the host app's.
-    return type_ != "table" or (name or "").startswith("quota_")
-
-
 def run_env(context: EnvironmentContext) -> None:
     """The body of ``migrations/env.py``: run migrations on a handed-in connection, a URL, or offline."""
     cfg = context.config
@@ -70,12 +65,14 @@ def run_env(context: EnvironmentContext) -> None:
         "version_table": VERSION_TABLE,
         "version_table_schema": schema,
         "target_metadata": metadata,
-        "include_name": _include_name,
+        "include_name": include_name,
         "render_as_batch": True,  # SQLite alters tables by copying them
     }
     connection = cfg.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, **opts)
+        context.configure(
+            connection=connection, include_object=include_object(connection.dialect.name), **opts
+        )
         with context.begin_transaction():
             _serialize(connection)
             with _in_schema(connection, schema):
@@ -83,7 +80,10 @@ def run_env(context: EnvironmentContext) -> None:
         return
     url = cfg.get_main_option("sqlalchemy.url") or parse_url(default_url()).sqlalchemy_url()
     if context.is_offline_mode():
-        context.configure(url=url, literal_binds=True, **opts)
+        context.configure(
+            url=url, literal_binds=True,
+            include_object=include_object(sa.make_url(url).get_backend_name()), **opts,
+        )  # fmt: skip
         with context.begin_transaction():
             if schema:
                 context.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
@@ -95,7 +95,10 @@ def run_env(context: EnvironmentContext) -> None:
         # SQLite too runs every step in one transaction (it has transactional DDL;
         # Alembic assumes not): begun IMMEDIATE, so it is also the lock that
         # serializes concurrent runs (`_sqlite_engine`).
-        context.configure(connection=conn, transactional_ddl=True, **opts)
+        context.configure(
+            connection=conn, transactional_ddl=True,
+            include_object=include_object(conn.dialect.name), **opts,
+        )  # fmt: skip
         with context.begin_transaction():
             _serialize(conn)
             with _in_schema(conn, schema):

@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import asyncpg
 
 from quota import _partitions, _sql
-from quota._errors import ConfigurationError, QuotaError, SchemaError, StorageError
+from quota._errors import ConfigurationError, QuotaError, StorageError
 from quota._pool import DEFAULT_IDLE_TIMEOUT, SyncPool
-from quota._schema import check_version, migrate_hint
+from quota._schema import accepted_version, check_version, missing_objects_error
 from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
 from quota._url import redact
@@ -141,7 +141,7 @@ def wrap_error(exc: BaseException, url: str) -> QuotaError:
     if isinstance(exc, QuotaError):
         return exc
     if _is_undefined_table(exc):
-        return SchemaError(f"{exc}; the quota tables are missing, run `{migrate_hint(url)}`")
+        return missing_objects_error(url, str(exc), accepted_version(url))
     if _dead_on_arrival(exc):
         exc_text = (
             "the server closed the connection (a restart, a failover or a terminated backend)"

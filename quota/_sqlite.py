@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from quota import _sql
-from quota._errors import ConfigurationError, SchemaError, StorageError
+from quota._errors import ConfigurationError, StorageError
 from quota._pool import DEFAULT_IDLE_TIMEOUT, SyncPool
-from quota._schema import check_version, migrate_hint
+from quota._schema import check_version, missing_objects_error
 from quota._sql import Named
 from quota._store import Rows, Statement, adrive, drive
 
@@ -96,8 +96,23 @@ async def aset_up(conn: aiosqlite.Connection, busy_timeout: float) -> None:
 def wrap_error(exc: Exception, url: str) -> StorageError:
     """The `quota` error for a sqlite3 error: missing tables become `SchemaError`."""
     if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
-        return SchemaError(f"{exc}; the quota tables are missing, run `{migrate_hint(url)}`")
+        return missing_objects_error(url, str(exc), _version_after_error(url))
     return StorageError(f"SQLite error on {url}: {exc}")
+
+
+def _version_after_error(url: str) -> Rows | None:
+    """The version table's rows, read on a read-only connection of its own: only after a
+    "no such table" (one open and one SELECT on the error path); None if unreadable."""
+    from pathlib import Path
+
+    from quota._url import parse_url
+
+    try:
+        uri = Path(parse_url(url).target).absolute().as_uri() + "?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=1.0)) as conn:
+            return _version_rows(lambda sql: conn.execute(sql).fetchall())
+    except sqlite3.Error:
+        return None
 
 
 def _version_rows(execute: Any) -> Rows | None:

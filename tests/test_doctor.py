@@ -59,6 +59,7 @@ def test_a_healthy_sqlite_database_is_all_ok(used_sqlite_url: str) -> None:
         "sqlite_version",
         "connectivity",
         "schema",
+        "schema_drift",
         "journal_mode",
         "clock_skew",
     }
