@@ -49,20 +49,21 @@ class SyncPool(Generic[C]):
 
     `open` makes a connection (its errors propagate), `close` closes one and
     must not raise. `wait_timeout` bounds the wait for a busy pool
-    (`PoolTimeout`). Connections idle for `idle_timeout` seconds are closed by
+    (`PoolTimeout`), `open_timeout` (None: no bound) the wait for a new connection. Connections idle for `idle_timeout` seconds are closed by
     a daemon thread that the first `release` starts and `close` ends.
     """
 
     def __init__(
         self, open: Callable[[], C], close: Callable[[C], None], *, size: int,
         wait_timeout: float, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, open_timeout: float | None = None,
     ) -> None:  # fmt: skip
         self._open_conn = open
         self._close_conn = close
         self.size = size
         self._wait_timeout = wait_timeout
         self._idle_timeout = idle_timeout
+        self._open_timeout = open_timeout
         self._clock = clock
         #: Idle connections, most recently released on the right, with their release time.
         self._idle: deque[tuple[C, float]] = deque()
@@ -115,11 +116,51 @@ class SyncPool(Generic[C]):
                         )
                     continue
             break  # a slot freed by a closed connection: open one
+        if self._open_timeout is not None:
+            return self._open_within(self._open_timeout)
         try:
             return self._open_conn()
         except BaseException:
             self._forget()
             raise
+
+    def _open_within(self, seconds: float) -> C:
+        """Open a connection on a thread of its own; wait for it at most `seconds`.
+
+        A connection that takes longer (a server that accepts and never
+        answers) is not waited for: the caller gets `PoolTimeout`, and the
+        connection joins the pool if it opens after all.
+        """
+        opened: list[C] = []
+        failed: list[BaseException] = []
+        state = {"abandoned": False, "finished": False}
+        done = threading.Event()
+
+        def open_() -> None:
+            try:
+                opened.append(self._open_conn())
+            except BaseException as exc:
+                failed.append(exc)
+            with self._lock:
+                state["finished"] = True
+                abandoned = state["abandoned"]
+            done.set()
+            if abandoned:
+                if opened:
+                    self.release(opened[0])
+                else:
+                    self._forget()
+
+        threading.Thread(target=open_, name="quota-connect", daemon=True).start()
+        done.wait(seconds)
+        with self._lock:
+            if not state["finished"]:
+                state["abandoned"] = True
+                raise PoolTimeout(f"a new connection took longer than {seconds:g}s to open")
+        if failed:
+            self._forget()
+            raise failed[0]
+        return opened[0]
 
     def release(self, conn: C) -> None:
         """Give back a connection that is idle and clean (no transaction open)."""

@@ -653,27 +653,39 @@ class AsyncPostgresStore:
             await pool.close()
 
 
-class _Watchdog:
-    """Cancels sync statements that outlive the time budget (behind a transaction pooler).
+#: A sync call under a fallback whose connection has not answered by this many budgets
+#: has its socket shut down: the server would have answered within one (its statement
+#: timeout), so the network path itself stopped forwarding.
+HUNG_AFTER_BUDGETS = 2
 
-    Directly connected, the server holds the budget (``statement_timeout``);
-    behind a transaction pooler no session setting may be made, so this
-    thread does: a call registers its connection with a deadline, and a
-    statement still running at its deadline is cancelled (PostgreSQL's cancel
-    request, which poolers forward), failing the call with an outage error.
-    The thread sleeps on an event while nothing is in flight.
+
+class _Watchdog:
+    """Holds sync statements to the fallback's time budget when the server cannot.
+
+    A call registers its connection with a deadline. Behind a transaction
+    pooler (no session ``statement_timeout``) a statement still running at
+    one budget is cancelled (PostgreSQL's cancel request, which poolers
+    forward). In every mode a connection with no answer at
+    `HUNG_AFTER_BUDGETS` budgets (a network path that stopped forwarding, its
+    sockets still open; a cancel request would hang on it too) has its socket
+    shut down: the blocked call fails at once with an outage error and the
+    connection is closed. The thread sleeps on an event while nothing is in
+    flight.
     """
 
-    def __init__(self, budget: float) -> None:
+    def __init__(self, budget: float, *, cancel: bool) -> None:
         self._budget = budget
-        self._due: dict[int, tuple[psycopg.Connection[Any], float]] = {}
+        self._cancel = cancel
+        #: id(conn) -> (conn, deadline, cancelled yet)
+        self._due: dict[int, tuple[psycopg.Connection[Any], float, bool]] = {}
         self._busy = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
     def watch(self, conn: psycopg.Connection[Any]) -> None:
-        self._due[id(conn)] = (conn, time.monotonic() + self._budget)
+        first = self._budget if self._cancel else HUNG_AFTER_BUDGETS * self._budget
+        self._due[id(conn)] = (conn, time.monotonic() + first, not self._cancel)
         if not self._busy.is_set():
             if self._thread is None:
                 self._start()
@@ -699,14 +711,37 @@ class _Watchdog:
                 continue
             time.sleep(self._budget / 4)
             now = time.monotonic()
-            for key, (conn, due) in list(self._due.items()):
-                if due <= now and self._due.pop(key, None) is not None:
-                    with contextlib.suppress(Exception):
-                        conn.cancel_safe(timeout=max(self._budget, 1.0))
+            for key, (conn, due, cancelled) in list(self._due.items()):
+                if due > now:
+                    continue
+                if not cancelled:
+                    # Cancelled from a thread of its own: on a hung path it would hang too.
+                    self._due[key] = (conn, now + self._budget, True)
+                    threading.Thread(target=_cancel, args=(conn, self._budget), daemon=True).start()
+                elif self._due.pop(key, None) is not None:
+                    _cut(conn)
 
     def close(self) -> None:
         self._closed = True
         self._busy.set()
+
+
+def _cancel(conn: psycopg.Connection[Any], budget: float) -> None:
+    with contextlib.suppress(Exception):
+        conn.cancel_safe(timeout=max(budget, 1.0))
+
+
+def _cut(conn: psycopg.Connection[Any]) -> None:
+    """Shut the connection's socket down under the thread blocked on it (which then fails)."""
+    import socket
+
+    with contextlib.suppress(Exception):
+        fd = conn.pgconn.socket
+        dup = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            dup.shutdown(socket.SHUT_RDWR)
+        finally:
+            dup.close()  # the duplicate only; psycopg closes its own
 
 
 class PostgresStore:
@@ -741,7 +776,9 @@ class PostgresStore:
             session_settings(relaxed, statement_timeout, schema) if prepared_statements else None
         )
         self._watchdog = (
-            _Watchdog(statement_timeout) if statement_timeout and not prepared_statements else None
+            _Watchdog(statement_timeout, cancel=not prepared_statements)
+            if statement_timeout
+            else None
         )
         self._relaxed = relaxed
         self._budgeted = statement_timeout is not None
@@ -753,9 +790,12 @@ class PostgresStore:
         self._pool = self._new_pool()
 
     def _new_pool(self) -> SyncPool[psycopg.Connection[Any]]:
+        # Under a fallback a call waits at most one budget for a new connection
+        # (libpq's connect_timeout cannot go below 2 s).
         return SyncPool(
             self._open, _close_quietly, size=self._pool_size, wait_timeout=self._wait_timeout,
             idle_timeout=self._idle_timeout,
+            open_timeout=self._wait_timeout if self._watchdog is not None else None,
         )  # fmt: skip
 
     def _open(self) -> psycopg.Connection[Any]:
@@ -914,7 +954,7 @@ class PostgresStore:
         pool.close()
         if self._watchdog is not None:
             self._watchdog.close()
-            self._watchdog = _Watchdog(self._watchdog._budget)
+            self._watchdog = _Watchdog(self._watchdog._budget, cancel=self._watchdog._cancel)
 
 
 def _close_quietly(conn: Any) -> None:

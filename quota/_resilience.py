@@ -263,6 +263,64 @@ class ResilientStore:
         self.memory.close()
 
 
+#: A store call under a fallback is given up at this many times the budget: the store's own
+#: timeouts (the server's statement and lock timeouts, SQLite's busy timeout) answer within
+#: one budget; only a store that stopped answering altogether (a network path that hangs
+#: with its sockets open) runs on, and the caller must not wait for it.
+HUNG_AFTER_BUDGETS = 2
+
+
+class _Deadlines:
+    """Cancels store calls of tasks still waiting at their deadline; one timer for all.
+
+    A call registers its task (`enter`) and leaves in a ``finally`` (`leave`); the timer
+    cancels only tasks registered, which are then suspended inside that call, so the
+    cancellation always lands there, where `AsyncResilientStore.execute` takes it back.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._due: dict[asyncio.Task[Any], float] = {}
+        self.expired: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def enter(self) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None:
+            loop = task.get_loop()
+            self._due[task] = loop.time() + self.seconds
+            if self._timer is None:
+                self._timer = loop.call_later(self.seconds, self._check, loop)
+        return task
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        self._due.pop(task, None)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        for task, due in list(self._due.items()):
+            if due <= now:
+                del self._due[task]
+                self.expired.add(task)
+                task.cancel()
+        if self._due:
+            self._timer = loop.call_at(min(self._due.values()), self._check, loop)
+
+    def taken_back(self, task: asyncio.Task[Any] | None) -> bool:
+        """True if `task`'s cancellation was this deadline's (and now undone), not a caller's."""
+        if task is None or task not in self.expired:
+            return False
+        self.expired.discard(task)
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+        return uncancel is None or uncancel() == 0
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class AsyncResilientStore:
     """The async twin of `ResilientStore`; its probe is a task on the running loop."""
 
@@ -276,6 +334,7 @@ class AsyncResilientStore:
         self._probe: asyncio.Task[None] | None = None
         self._warm: asyncio.Task[Rows] | None = None
         self._closed = False
+        self._deadlines = _Deadlines(HUNG_AFTER_BUDGETS * settings.timeout)
 
     @property
     def up(self) -> bool:
@@ -286,16 +345,30 @@ class AsyncResilientStore:
             warming = self._warm is None or not self._warm.done()
             if warming and not await self._warmed():
                 return await self._memory(sql, params)
+            # The store's own timeouts (the server's statement and lock timeouts,
+            # the SQLite busy timeout) hold each call to the budget; `_deadlines`
+            # gives up on one that does not answer at all.
+            task = self._deadlines.enter()
             try:
-                # The store's own timeouts (the server's statement and lock
-                # timeouts, the SQLite busy timeout) hold each call to the budget.
                 return await self.primary.execute(sql, params)
             except QuotaError as exc:
                 if not _is_outage(exc):
                     self.health.statement_failed(exc)
                     return await self.memory.execute(sql, params)
                 self._down(exc)
+            except asyncio.CancelledError:
+                if not self._deadlines.taken_back(task):
+                    raise
+                self._down(self._hung())
+            finally:
+                if task is not None:
+                    self._deadlines.leave(task)
         return await self._memory(sql, params)
+
+    def _hung(self) -> StorageError:
+        return StorageError(
+            f"store {self.health.url} did not answer within {self._deadlines.seconds:g}s"
+        )
 
     async def _memory(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
         rows = await self.memory.execute(sql, params)
@@ -325,9 +398,15 @@ class AsyncResilientStore:
     async def execute_strict(
         self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]
     ) -> Rows:
-        """`execute` without the fallback: raise `StoreDown` while the store is down."""
+        """`execute` without the fallback: raise `StoreDown` while the store is down, or
+        when it cannot answer within the budget (a fresh store still connecting, one that
+        stopped answering)."""
         if not self.health.up:
             raise StoreDown(f"store {self.health.url} is down")
+        warming = self._warm is None or not self._warm.done()
+        if warming and not await self._warmed():
+            raise StoreDown(f"store {self.health.url} is not connected yet")
+        task = self._deadlines.enter()
         try:
             return await self.primary.execute(sql, params)
         except QuotaError as exc:
@@ -335,6 +414,15 @@ class AsyncResilientStore:
                 raise
             self._down(exc)
             raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
+        except asyncio.CancelledError:
+            if not self._deadlines.taken_back(task):
+                raise
+            hung = self._hung()
+            self._down(hung)
+            raise StoreDown(str(hung)) from None
+        finally:
+            if task is not None:
+                self._deadlines.leave(task)
 
     async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
         return await self.primary.run(op, transaction=transaction)
@@ -376,6 +464,7 @@ class AsyncResilientStore:
 
     async def aclose(self) -> None:
         self._closed = True
+        self._deadlines.close()
         for task in (self._probe, self._warm):
             if task is not None and not task.done():
                 task.cancel()

@@ -609,7 +609,7 @@ def test_a_database_error_in_a_batch_reaches_every_caller_as_one_by_one(
     assert isinstance(alone, quota.SchemaError)
     assert spy.batch_statements >= 1
     assert [type(outcome) for outcome in outcomes] == [type(alone)] * 20
-    assert all("quota migrate" in str(outcome) for outcome in outcomes)
+    assert all("schema drift" in str(outcome) for outcome in outcomes)  # at head: doctor says what
 
 
 # -- several OS processes -----------------------------------------------------------------------

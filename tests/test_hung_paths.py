@@ -1,0 +1,193 @@
+"""A network path that stops forwarding, its sockets still open: calls with a fallback
+return within twice their budget (plus scheduling), on both faces, fresh or warm.
+
+The faults are made by a TCP proxy of the test's own between the limiter and the shared
+PostgreSQL, never by touching the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import selectors
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+import quota
+from quota import Fallback
+
+pytestmark = pytest.mark.postgres
+
+BUDGET = 0.1
+#: Twice the budget (the store's own timeout, then the hung-path cut), plus what a busy
+#: 2-core machine adds in scheduling.
+BOUND = 2 * BUDGET + 0.4
+
+
+class Proxy:
+    """Forwards 127.0.0.1:port to the PostgreSQL server until `freeze`: from then on it
+    keeps every socket open and forwards nothing (a path that hangs)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.frozen = threading.Event()
+        self._stop = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        selector = selectors.DefaultSelector()
+        self._server.setblocking(False)
+        selector.register(self._server, selectors.EVENT_READ)
+        peers: dict[socket.socket, socket.socket] = {}
+        while not self._stop.is_set():
+            for key, _ in selector.select(0.02):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock is self._server:
+                    client, _ = self._server.accept()
+                    upstream = socket.create_connection(self.target)
+                    self._pairs.append((client, upstream))
+                    peers[client], peers[upstream] = upstream, client
+                    for end in (client, upstream):
+                        end.setblocking(False)
+                        selector.register(end, selectors.EVENT_READ)
+                    continue
+                if self.frozen.is_set():
+                    continue  # read nothing, forward nothing: the data waits in the kernel
+                with contextlib.suppress(OSError):
+                    data = sock.recv(65536)
+                    if data:
+                        peers[sock].sendall(data)
+                    else:
+                        selector.unregister(sock)
+            if self.frozen.is_set():
+                time.sleep(0.01)  # level-triggered: don't spin on unread data
+        selector.close()
+
+    def freeze(self) -> None:
+        self.frozen.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for client, upstream in self._pairs:
+            client.close()
+            upstream.close()
+        self._server.close()
+
+
+@contextlib.contextmanager
+def proxied(pg_url: str) -> Iterator[tuple[Proxy, str]]:
+    parts = urlsplit(pg_url)
+    proxy = Proxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+    try:
+        netloc = f"{parts.username}@127.0.0.1:{proxy.port}"
+        yield proxy, parts._replace(netloc=netloc).geturl()
+    finally:
+        proxy.close()
+
+
+def test_async_calls_on_a_path_that_hangs_return_within_the_budget(pg_url: str) -> None:
+    key = f"hang-{uuid.uuid4().hex}"
+
+    async def main(proxy: Proxy, url: str) -> list[float]:
+        fallback = Fallback(timeout=BUDGET, probe_interval=0.2)
+        async with quota.connect_async(url, fallback=fallback, pool_size=4) as limiter:
+            for _ in range(20):  # warm: the pool open and deciding through the proxy
+                await limiter.rate_limit(key, 10**6, 3600)
+            assert limiter.store.up  # type: ignore[attr-defined]
+            proxy.freeze()
+
+            async def timed() -> float:
+                started = time.monotonic()
+                decision = await limiter.rate_limit(key, 10**6, 3600)
+                assert decision.allowed
+                return time.monotonic() - started
+
+            # Ten at once (more than the pool), then ten more one after another.
+            times = list(await asyncio.gather(*(timed() for _ in range(10))))
+            times += [await timed() for _ in range(10)]
+            assert not limiter.store.up  # type: ignore[attr-defined]
+            return times
+
+    with proxied(pg_url) as (proxy, url):
+        times = asyncio.run(asyncio.wait_for(main(proxy, url), 30))
+    assert max(times) < BOUND, times
+
+
+def test_sync_threads_on_a_path_that_hangs_return_within_the_budget(pg_url: str) -> None:
+    key = f"hang-{uuid.uuid4().hex}"
+    with proxied(pg_url) as (proxy, url):
+        fallback = Fallback(timeout=BUDGET, probe_interval=0.2)
+        limiter = quota.connect(url, fallback=fallback, pool_size=4)
+        try:
+            for _ in range(20):
+                limiter.rate_limit(key, 10**6, 3600)
+            assert limiter.store.up  # type: ignore[attr-defined]
+            proxy.freeze()
+            times: list[float] = []
+
+            def call() -> None:
+                started = time.monotonic()
+                assert limiter.rate_limit(key, 10**6, 3600).allowed
+                times.append(time.monotonic() - started)
+
+            threads = [threading.Thread(target=call) for _ in range(16)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert len(times) == 16
+            assert max(times) < BOUND, times
+            assert not limiter.store.up  # type: ignore[attr-defined]
+        finally:
+            limiter.close()
+
+
+def _silent_port() -> tuple[socket.socket, int]:
+    server = socket.create_server(("127.0.0.1", 0), backlog=64)  # accepts (backlog), says nothing
+    return server, int(server.getsockname()[1])
+
+
+def test_a_fresh_sync_limiter_on_a_listener_that_never_answers() -> None:
+    server, port = _silent_port()
+    try:
+        url = f"postgresql://root@127.0.0.1:{port}/x"
+        with quota.connect(url, fallback=Fallback(timeout=BUDGET, probe_interval=5)) as limiter:
+            times = []
+            for _ in range(3):
+                started = time.monotonic()
+                assert limiter.rate_limit("fresh", 10, 60).allowed
+                times.append(time.monotonic() - started)
+    finally:
+        server.close()
+    assert max(times) < BUDGET + 0.4, times  # main: 10 s each (the connect timeout)
+
+
+def test_a_fresh_async_fail_closed_call_on_a_listener_that_never_answers() -> None:
+    server, port = _silent_port()
+
+    async def main() -> tuple[float, quota.Decision]:
+        url = f"postgresql://root@127.0.0.1:{port}/x"
+        fallback = Fallback(timeout=BUDGET, probe_interval=5)
+        async with quota.connect_async(url, fallback=fallback) as limiter:
+            started = time.monotonic()
+            decision = await limiter.rate_limit("fresh", 10, 60, fail_closed=True)
+            return time.monotonic() - started, decision
+
+    try:
+        took, decision = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        server.close()
+    assert not decision.allowed  # fail closed: denied while the store cannot answer
+    assert took < BUDGET + 0.4, took  # main: 10 s
