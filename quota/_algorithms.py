@@ -173,15 +173,27 @@ def sliding_weight(now: float, ws: float, window: int) -> float:
 def sliding_step(
     state: SlidingState | None, now: float, window: int, limit: int, cost: int
 ) -> tuple[SlidingState, bool]:
+    """The sliding window's counts after a hit of `cost` at `now`, and whether it passed.
+
+    A late call, one whose window is older than the row's (its clock lags the
+    clock of a call that came first, or its statement waited behind one), is
+    decided as of the start of the row's window: counted in that window, with
+    the previous window weighing in full (weight 1, the most an on-time call
+    ever gives it). So, for every window, the hits admitted whose clock reads
+    a time in it never cost more than `limit`, in whatever order they arrive,
+    as long as no call's clock lags the newest one the key has seen by more
+    than one window (a call later still is taken as current all the same).
+    """
     ws = window_start(now, window)
     if state is None:
         return (float(cost), 0.0, ws), True
     value, prev_value, stamp = state
-    # A row from a newer window (an app server whose clock runs ahead) is
-    # taken as current; one exactly a window old becomes the previous one.
+    # A row of our window or a newer one is taken as current; one exactly a
+    # window old becomes the previous one.
     current = value if stamp >= ws else 0.0
     previous = prev_value if stamp >= ws else (value if stamp == ws - window else 0.0)
-    allowed = previous * sliding_weight(now, ws, window) + current + cost <= limit
+    weight = 1.0 if stamp > ws else sliding_weight(now, ws, window)
+    allowed = previous * weight + current + cost <= limit
     return (current + cost if allowed else current, previous, max(stamp, ws)), allowed
 
 
@@ -239,12 +251,16 @@ def sliding_decision(
     second = int(now)
     start = second - second % window
     ws = float(start)
-    # The state may carry a newer window (see sliding_step); weigh from ours.
+    weight = (window - (now - ws)) / window
     if stamp >= ws:
         current, previous = value, prev_value
+        if stamp > ws:
+            # A late call (see sliding_step): estimated at the start of the row's
+            # window, the previous one in full; its wait is still from its own clock.
+            weight, ws, start = 1.0, stamp, int(stamp)
     else:
         current, previous = 0.0, (value if stamp == ws - window else 0.0)
-    estimate = previous * ((window - (now - ws)) / window) + current if previous else current
+    estimate = previous * weight + current if previous else current
     remaining = math.floor(limit - estimate + _EPS)
     if remaining < 0:
         remaining = 0

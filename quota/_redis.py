@@ -112,6 +112,8 @@ if row[1] then
   local current, previous = 0.0, 0.0
   if s >= ws then
     current, previous = v, p
+    -- a late call: as at the start of the row's window, the previous one in full
+    if s > ws then weight = 1.0 end
   elseif s == ws - window then
     previous = v
   end

@@ -255,7 +255,12 @@ _SW_PREVIOUS = (
     "(CASE WHEN quota_state.stamp >= :ws THEN quota_state.prev_value"
     " WHEN quota_state.stamp = :ws - :window THEN quota_state.value ELSE 0.0 END)"
 )
-_SW_ALLOWED = f"({_SW_PREVIOUS} * :weight + {_SW_CURRENT} + :cost <= :limit)"
+# A late call (the row's window is newer than the call's) weighs the previous
+# window in full, as at the start of the row's window (`sliding_step`).
+_SW_WEIGHT = (
+    "(CASE WHEN quota_state.stamp > :ws THEN CAST(1.0 AS DOUBLE PRECISION) ELSE :weight END)"
+)
+_SW_ALLOWED = f"({_SW_PREVIOUS} * {_SW_WEIGHT} + {_SW_CURRENT} + :cost <= :limit)"
 SLIDING_WINDOW = Named(
     "sliding_window",
     _STATE_COLUMNS + " VALUES (:bucket_key, :client_key, :window, :cost, 0.0, :ws, 1, :expires)"

@@ -45,7 +45,8 @@ class Call:
     """Seconds the clock moves before the call (fractional; often 0)."""
     lag: float
     """Seconds this call's clock lags the others' (an app server whose clock is behind:
-    it meets rows stamped in its future)."""
+    it meets rows stamped in its future); negative, it runs ahead. Milliseconds either
+    way put calls just across a boundary out of order."""
     action: str
     """``hit``, ``peek`` or ``reset``."""
     key: str
@@ -101,7 +102,11 @@ def traces(draw: st.DrawFn) -> list[Call]:
         trace.append(
             Call(
                 step=draw(_STEPS),
-                lag=draw(st.sampled_from([0.0] * 10 + [0.25, 1.0, 7.0, 30.0])),
+                lag=draw(
+                    st.sampled_from(
+                        [0.0] * 10 + [0.001, 0.2, 0.25, 1.0, 7.0, 30.0, -0.001, -0.2, -1.0]
+                    )
+                ),
                 action=draw(st.sampled_from(["hit"] * 10 + ["peek", "reset"])),
                 key=draw(st.sampled_from("ab")),
                 policy=policy,
