@@ -407,9 +407,12 @@ def missing_objects_error(
             f" `{doctor_hint(url)}`"
         )
     at = "head" if revision == HEAD else f"this code needs {REQUIRED}"
+    # No outage: the database answers; a fallback keeps it up (and says so in its log)
+    # rather than probe for a table that will not come back by itself.
     return SchemaError(
         f"schema drift: the database is at revision {revision} ({at}) but {detail};"
-        f" `{doctor_hint(url)}` names what is missing and how to restore it"
+        f" `{doctor_hint(url)}` names what is missing and how to restore it",
+        outage=False,
     )
 
 

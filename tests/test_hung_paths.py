@@ -191,3 +191,40 @@ def test_a_fresh_async_fail_closed_call_on_a_listener_that_never_answers() -> No
         server.close()
     assert not decision.allowed  # fail closed: denied while the store cannot answer
     assert took < BUDGET + 0.4, took  # main: 10 s
+
+
+@pytest.mark.parametrize("framework", ["flask", "starlette"])
+def test_http_policy_reads_hold_the_budget_on_a_path_that_hangs(
+    pg_url: str, framework: str
+) -> None:
+    """The middleware's read of the runtime policies goes through the fallback's budget too
+    (main: every limited request took 10-40 s on an unresponsive database)."""
+    from quota.http import HttpConfig, RoutePolicy
+    from tests._http_support import make_client
+    from tests._support import Clock
+
+    clock = Clock()
+    config = HttpConfig(
+        policies=[RoutePolicy(name="api", paths=["/api"], rates="1000/minute")],
+        hash_secret="s" * 32,
+        runtime_policies=True,
+        policy_cache_seconds=1,
+    )
+    with proxied(pg_url) as (proxy, url):
+        fallback = Fallback(timeout=BUDGET, probe_interval=0.2)
+        connect = quota.connect_async if framework == "starlette" else quota.connect
+        limiter = connect(url, clock=clock, fallback=fallback, pool_size=2)
+        client = make_client(framework, url, clock, config, limiter=limiter)
+        try:
+            for _ in range(3):
+                assert client.get("/api/items").status == 200  # warm, policies read
+            proxy.freeze()
+            times = []
+            for _ in range(6):
+                clock.advance(2)  # the cached policies are stale: each request reads again
+                started = time.monotonic()
+                assert client.get("/api/items").status == 200
+                times.append(time.monotonic() - started)
+        finally:
+            client.close()
+    assert max(times) < BOUND, times

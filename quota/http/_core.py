@@ -58,6 +58,7 @@ from quota.http._responses import (
     too_many_requests,
     unavailable,
 )
+from quota.http._runtime import SELECT as SELECT_POLICIES
 from quota.http._runtime import RuntimePolicies, read_op
 
 log = logging.getLogger("quota.http")
@@ -511,7 +512,11 @@ def sync_effects(limiter: Any) -> tuple[Callable[[Hit], Decision], Callable[[], 
             )  # fmt: skip
         return hit_many(effect.key, rates, cost=effect.cost)  # type: ignore[no-any-return]
 
+    strict = getattr(limiter.store, "execute_strict", None)
+
     def load() -> Any:
+        if strict is not None:  # under a fallback: held to its budget, refused while down
+            return strict(SELECT_POLICIES, ())
         return run(read_op(), transaction=False)
 
     return hit, load
@@ -533,7 +538,11 @@ def async_effects(
             )  # fmt: skip
         return hit_many(effect.key, rates, cost=effect.cost)  # type: ignore[no-any-return]
 
+    strict = getattr(limiter.store, "execute_strict", None)
+
     def load() -> Awaitable[Any]:
+        if strict is not None:  # under a fallback: held to its budget, refused while down
+            return strict(SELECT_POLICIES, ())  # type: ignore[no-any-return]
         return run(read_op(), transaction=False)  # type: ignore[no-any-return]
 
     return hit, load

@@ -64,9 +64,10 @@ DELETE = "DELETE FROM quota_policies WHERE route = ? AND subject = ? RETURNING 1
 def read_op() -> Generator[tuple[str, tuple[()]], Sequence[Sequence[Any]], Sequence[Sequence[Any]]]:
     """The read of the table as a store operation (``store.run(read_op(), transaction=False)``).
 
-    An operation, not a bare ``execute``: a store with a memory fallback
-    sends operations to the database only, so a failed read of the
-    overrides neither lands in memory nor marks the database down.
+    Used without a fallback. Under one the middleware reads with the store's
+    ``execute_strict`` instead: never from memory, held to the fallback's
+    budget, refused at once while the database is down (the last good
+    overrides stay in force).
     """
     rows = yield SELECT, ()
     return rows
