@@ -230,6 +230,13 @@ def test_check_is_false_when_the_server_is_unreachable() -> None:
     assert asyncio.run(check()) is False
 
 
+def test_storages_declare_limits_timestamped_sliding_window() -> None:
+    # limits' own sliding-window expectations (reset times periodic on the
+    # epoch) are keyed on this class.
+    assert issubclass(QuotaStorage, TimestampedSlidingWindow)
+    assert issubclass(AsyncQuotaStorage, TimestampedSlidingWindow)
+
+
 def test_sliding_window_keys_are_the_ones_limits_computes() -> None:
     for now in (1_750_004_434.25, 1_750_003_200.0, 59.999, 60.0, 1e9 + 0.5):
         for expiry in (1, 7, 60, 3600, 86400):
@@ -270,8 +277,8 @@ def test_fixed_window_allows_the_limit_then_denies(lb: LimitsBackend, limits_clo
     assert not fixed.hit(item, "alice")
     stats = fixed.get_window_stats(item, "alice")
     assert stats.remaining == 0
-    # The window began at the first hit, rounded up to the whole second.
-    assert stats.reset_time == math.ceil(limits_clock.now) + 60
+    # The window began at the first hit (to the fraction of a second) and lasts 60 s.
+    assert stats.reset_time == limits_clock.now + 60
     # Denied hits count too, as in every limits storage (incr always increments).
     assert lb.storage.get(item.key_for("alice")) == 11
     # Other identifiers and other limits have windows of their own.
@@ -322,21 +329,65 @@ def test_clear_forgets_one_key(lb: LimitsBackend, limits_clock: Clock) -> None:
 def test_window_expires_after_expiry_seconds(lb: LimitsBackend, limits_clock: Clock) -> None:
     fixed = lb.strategy(FIXED)
     item = RateLimitItemPerMinute(2)
-    first = limits_clock.now  # ends in .25
+    first = limits_clock.now  # ends in .25: not a whole second
     assert fixed.hit(item, "alice") and fixed.hit(item, "alice")
     assert not fixed.hit(item, "alice")
-    end = math.ceil(first) + 60
-    # Whole-second resolution: the window never ends before `expiry` seconds
-    # have passed (limits' memory storage would reopen at first + 60).
-    limits_clock.now = first + 60
-    assert not fixed.test(item, "alice")
+    # As in limits' storages: the window ends exactly `expiry` seconds after its first hit.
+    end = first + 60
     limits_clock.now = end - 0.001
     assert not fixed.hit(item, "alice")
+    assert fixed.get_window_stats(item, "alice") == (end, 0)
     limits_clock.now = end
     assert fixed.get_window_stats(item, "alice") == (end, 2)
+    limits_clock.now = end + 0.5
     assert fixed.hit(item, "alice")  # a new window, starting at this hit
     assert lb.storage.get(item.key_for("alice")) == 1
-    assert fixed.get_window_stats(item, "alice") == (end + 60, 1)
+    assert fixed.get_window_stats(item, "alice") == (end + 60.5, 1)
+
+
+def test_fixed_window_under_steady_traffic_admits_what_limits_memory_storage_admits(
+    lb: LimitsBackend, limits_clock: Clock
+) -> None:
+    """2/second, one hit every 0.1 s for 6 s: the same 12 hits admitted as by limits' MemoryStorage.
+
+    Whole-second window starts (the first hit rounded up) admitted 8: each
+    window lasted until a second after the next whole second.
+    """
+    item = parse("2/second")
+    reference_storage = MemoryStorage()
+    reference = limits.strategies.FixedWindowRateLimiter(reference_storage)
+    ours = lb.strategy(FIXED)
+    start = limits_clock.now  # ends in .25: windows start off the whole second
+    got: list[tuple[bool, Any]] = []
+    want: list[tuple[bool, Any]] = []
+    try:
+        for step in range(60):
+            limits_clock.now = start + step / 10
+            got.append((ours.hit(item, "alice"), ours.get_window_stats(item, "alice")))
+            want.append((reference.hit(item, "alice"), reference.get_window_stats(item, "alice")))
+    finally:
+        reference_storage.timer.cancel()
+    admitted, reference_admitted = [hit for hit, _ in got], [hit for hit, _ in want]
+    assert (admitted.count(True), reference_admitted.count(True)) == (12, 12)
+    assert admitted == reference_admitted
+    assert got == want  # and every reset time, to the last bit
+
+
+def test_a_count_of_zero_restarts_the_window_as_in_limits(
+    lb: LimitsBackend, limits_clock: Clock
+) -> None:
+    # limits' storages (memory INCRBY-then-set, redis' incr_expire.lua) start
+    # the window whenever the increment finds a count of 0, e.g. after a hit of cost 0.
+    key = RateLimitItemPerMinute(5).key_for("alice")
+    first = limits_clock.now
+    assert lb.storage.incr(key, 60, amount=0) == 0
+    assert lb.storage.get_expiry(key) == first + 60
+    limits_clock.advance(10)
+    assert lb.storage.incr(key, 60) == 1
+    assert lb.storage.get_expiry(key) == first + 70
+    limits_clock.advance(10)
+    assert lb.storage.incr(key, 60) == 2
+    assert lb.storage.get_expiry(key) == first + 70
 
 
 def test_reset_deletes_only_the_adapters_rows(lb: LimitsBackend, limits_clock: Clock) -> None:
@@ -358,7 +409,8 @@ def test_reset_deletes_only_the_adapters_rows(lb: LimitsBackend, limits_clock: C
 
 def test_cleanup_sweeps_ended_windows(lb: LimitsBackend, limits_clock: Clock) -> None:
     item = RateLimitItemPerMinute(5)
-    fixed_end = math.ceil(limits_clock.now) + 60
+    first = limits_clock.now
+    fixed_end = math.ceil(limits_clock.now) + 60  # window_start + window_seconds
     sliding_end = (math.floor(limits_clock.now / 60) + 2) * 60  # while it weighs as "previous"
     lb.strategy(FIXED).hit(item, "alice")
     lb.strategy(SLIDING).hit(item, "alice")
@@ -373,6 +425,7 @@ def test_cleanup_sweeps_ended_windows(lb: LimitsBackend, limits_clock: Clock) ->
     with quota.connect(lb.url, clock=limits_clock) as own:
         both = swept_at(fixed_end - 1)
         assert len(both) == 2 and fixed_key in both
+        assert swept_at(first + 60 - 0.001) == both  # kept until its exact end at least
         assert swept_at(fixed_end + 1) == both - {fixed_key}
         assert swept_at(sliding_end - 1) == both - {fixed_key}
         assert swept_at(sliding_end + 1) == set()
@@ -410,6 +463,9 @@ def test_sliding_window_counter_weighs_the_previous_window(
     assert [sliding.hit(item, "alice") for _ in range(6)] == [True] * 5 + [False]
     assert not sliding.hit(item, "bob", cost=11)  # above the limit: never
     assert sliding.hit(item, "bob", cost=10)
+    # The rows are the storage's `sliding_window_keys` (TimestampedSlidingWindow's).
+    keys = lb.storage.sliding_window_keys(key, 60, limits_clock.now)
+    assert {row[0] for row in lb.rows()} >= {adapter.row_key(k) for k in keys}
     # limits 5.2+ routes SlidingWindowCounterRateLimiter.clear here (5.0 and 5.1 clear
     # the bare key only), so the storage method is called directly.
     lb.storage.clear_sliding_window(key, 60)
@@ -421,23 +477,16 @@ def test_sliding_window_counter_weighs_the_previous_window(
 def test_answers_like_limits_memory_storage(
     lb: LimitsBackend, limits_clock: Clock, strategy: str
 ) -> None:
-    """A seeded random trace, replayed on limits' MemoryStorage: every answer agrees.
+    """A seeded random trace at fractional instants, replayed on limits' MemoryStorage.
 
-    The fixed window's trace stays on whole seconds, where the whole-second
-    resolution is exact; the sliding window's windows are epoch-aligned, so
-    its trace uses any fractions.
+    Every answer agrees, reset times to the last bit.
     """
     rng = random.Random(f"{strategy}-8")
     reference_storage = MemoryStorage()
     ours = lb.strategy(strategy)
     reference = limits.strategies.STRATEGIES[strategy](reference_storage)
     items = [parse("7/minute"), parse("3 per 10 seconds")]
-    steps: list[float]
-    if strategy == FIXED:
-        limits_clock.now = math.floor(limits_clock.now)
-        steps = [0, 1, 2, 5, 9, 10, 11, 30, 59, 60, 61, 90]
-    else:
-        steps = [0.0, 0.3, 1.7, 5.0, 9.99, 13.25, 29.9, 60.0, 61.5, 90.0, 150.0]
+    steps = [0.0, 0.3, 1, 1.7, 5.0, 9.99, 10, 13.25, 29.9, 59.75, 60.0, 61.5, 90.0, 150.0]
     hits: list[bool] = []
     try:
         for step in range(400):
@@ -454,7 +503,7 @@ def test_answers_like_limits_memory_storage(
                 got, want = ours.test(item, who, cost=cost), reference.test(item, who, cost=cost)
             elif action == "stats":
                 got, want = ours.get_window_stats(item, who), reference.get_window_stats(item, who)
-                assert got.reset_time == pytest.approx(want.reset_time, abs=1e-6), step
+                assert got.reset_time == want.reset_time, (step, item, who, limits_clock.now)
                 got, want = got.remaining, want.remaining
             elif action == "advance":
                 limits_clock.advance(rng.choice(steps))

@@ -23,19 +23,26 @@ The part after ``quota+`` is a `quota.connect` URL; the tables must exist
 What is stored (all in ``quota_counters``, so ``quota cleanup`` sweeps it):
 
 * **fixed window** (`incr`/`get`/`get_expiry`): one row per `limits` key. As in
-  `limits`' own storages, a window starts at the key's first hit and lasts
-  `expiry` seconds; a hit after that starts a new window in the same row. One
-  atomic ``INSERT … ON CONFLICT DO UPDATE`` per hit, so concurrent processes
-  never lose a count. Resolution is the whole second: the table keeps window
-  starts as whole epoch seconds, so a window starts at the first hit rounded
-  *up* to the second. It never ends before `expiry` seconds have passed (it
-  may last up to one second longer), and reset times are whole seconds.
+  `limits`' own storages (``MemoryStorage``, Redis' ``INCRBY`` then
+  ``EXPIRE``), a window starts at the hit that finds the key's count at 0 (its
+  first hit, or the first after the window ended) and ends exactly `expiry`
+  seconds later, to the fraction of a second: `get_expiry` is that instant.
+  One atomic ``INSERT … ON CONFLICT DO UPDATE`` per hit, so concurrent
+  processes never lose a count. The row keeps the exact end in
+  ``updated_at``; ``window_start`` and ``window_seconds`` describe the window
+  to whole seconds, both rounded up, so ``window_start + window_seconds`` is
+  never before the exact end (for a whole-second expiry, less than a second
+  after it): that is what ``quota cleanup`` and ``quota top`` read, so a row
+  is never swept while its window runs.
   The row must be unique by ``bucket_key`` alone, so a PostgreSQL counters
   table migrated with ``--partitioned-counters`` is refused: the first `incr`
   raises `quota.ConfigurationError`.
 * **sliding window counter** (`acquire_sliding_window_entry`,
   `get_sliding_window`): `limits`' two epoch-aligned windows per key, one row
-  each, keyed ``"{key}/{window index}"`` as `limits` keys them. The weighted
+  each, keyed by `limits.storage.base.TimestampedSlidingWindow.sliding_window_keys`
+  (``"{key}/{window index}"``), which both storages declare, as limits' memory
+  and memcached storages do: reset times repeat with the epoch-aligned windows,
+  whatever the time of the first hit. The weighted
   check and the increment are one atomic statement, so there is no
   over-admission to undo (limits' memory storage increments, re-checks and
   decrements). Works on partitioned tables too (a row's key names its window).
@@ -64,7 +71,7 @@ from typing import Any, Generic, TypeVar
 
 from limits.aio.storage.base import SlidingWindowCounterSupport as AsyncSlidingWindowCounterSupport
 from limits.aio.storage.base import Storage as AsyncStorage
-from limits.storage.base import SlidingWindowCounterSupport, Storage
+from limits.storage.base import SlidingWindowCounterSupport, Storage, TimestampedSlidingWindow
 
 from quota._core import stored_key
 from quota._errors import ConfigurationError, StorageError
@@ -90,33 +97,37 @@ MAX_EXPIRY = (2**31 - 1) // 2
 # whose type PostgreSQL cannot infer from a column are cast, so asyncpg and
 # psycopg bind them alike.
 
-#: The window in the row has ended at `now` (``excluded.updated_at`` is now).
-_ENDED = "quota_counters.window_start + quota_counters.window_seconds <= excluded.updated_at"
+# A fixed-window row keeps its window's exact end in ``updated_at``.
 
-#: Count `amount` hits on a key, restarting its window if it has ended.
-#: Params: key, key, window_start, expiry, amount, now. Returns the count.
+#: The row starts a new window: its window has ended at now, or its count is 0
+#: (limits' storages start the window whenever an increment finds 0). Params: now.
+_RESTART = "(quota_counters.updated_at <= CAST(? AS DOUBLE PRECISION) OR quota_counters.count = 0)"
+
+#: Count `amount` hits on a key, starting a new window if `_RESTART`.
+#: Params: key, key, whole-second start, whole seconds, amount, exact end,
+#: now (once per `_RESTART`: four times). Returns the count.
 INCR = (
     "INSERT INTO quota_counters"
     " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
     " VALUES (?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (bucket_key) DO UPDATE SET"
-    f" count = CASE WHEN {_ENDED} THEN excluded.count"
+    f" count = CASE WHEN {_RESTART} THEN excluded.count"
     " ELSE quota_counters.count + excluded.count END,"
-    f" window_start = CASE WHEN {_ENDED} THEN excluded.window_start"
+    f" window_start = CASE WHEN {_RESTART} THEN excluded.window_start"
     " ELSE quota_counters.window_start END,"
-    f" window_seconds = CASE WHEN {_ENDED} THEN excluded.window_seconds"
+    f" window_seconds = CASE WHEN {_RESTART} THEN excluded.window_seconds"
     " ELSE quota_counters.window_seconds END,"
-    " updated_at = excluded.updated_at"
+    f" updated_at = CASE WHEN {_RESTART} THEN excluded.updated_at"
+    " ELSE quota_counters.updated_at END"
     " RETURNING count"
 )
 
-_LIVE = "window_start + window_seconds > CAST(? AS DOUBLE PRECISION)"
+#: A fixed window runs until its exact end. Params: key, now.
+_FIXED_LIVE = "bucket_key = ? AND updated_at > CAST(? AS DOUBLE PRECISION)"
 #: Params: key, now.
-GET = f"SELECT count FROM quota_counters WHERE bucket_key = ? AND {_LIVE}"
+GET = f"SELECT count FROM quota_counters WHERE {_FIXED_LIVE}"
 #: Params: key, now.
-GET_EXPIRY = (
-    f"SELECT window_start + window_seconds FROM quota_counters WHERE bucket_key = ? AND {_LIVE}"
-)
+GET_EXPIRY = f"SELECT updated_at FROM quota_counters WHERE {_FIXED_LIVE}"
 # Deletes return a row per row deleted, as every quota statement that deletes
 # does, so each driver hands back rows.
 #: Params: key.
@@ -124,6 +135,9 @@ CLEAR = "DELETE FROM quota_counters WHERE bucket_key = ? RETURNING 1"
 #: Every row of this adapter, and only those. Params: PREFIX, _PREFIX_END.
 RESET = "DELETE FROM quota_counters WHERE bucket_key >= ? AND bucket_key < ? RETURNING 1"
 CHECK = "SELECT 1"
+
+#: A sliding-window row lives until its epoch-aligned end (whole seconds). Params: now.
+_LIVE = "window_start + window_seconds > CAST(? AS DOUBLE PRECISION)"
 
 #: limits' weighted count of the previous window, ``previous * ttl / expiry``,
 #: in the same double arithmetic as `limits`. Params: previous key, now, ttl, expiry.
@@ -174,6 +188,7 @@ def row_key(key: str) -> str:
 
 
 def _check_expiry(expiry: object) -> int:
+    """`expiry` rounded up to whole seconds; raises `ConfigurationError` if out of range."""
     if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) or not expiry > 0:
         raise ConfigurationError(f"expiry must be a positive number of seconds, got {expiry!r}")
     seconds = math.ceil(expiry)
@@ -196,10 +211,16 @@ def _none(_rows: Rows) -> None:
     return None
 
 
-def incr(key: str, expiry: int, amount: int, now: float) -> _Call[int]:
+def incr(key: str, expiry: float, amount: int, now: float) -> _Call[int]:
+    """Count `amount` on `key`; a window started by this hit ends at ``now + expiry`` exactly.
+
+    ``now + expiry`` is the float `limits`' memory storage computes, so the
+    two agree to the last bit.
+    """
     seconds = _check_expiry(expiry)
     k = row_key(key)
-    params = (k, k, math.ceil(now), seconds, _check_amount(amount), now)
+    end = now + expiry
+    params = (k, k, math.ceil(now), seconds, _check_amount(amount), end, now, now, now, now)
     return _Call(INCR, params, _first)
 
 
@@ -240,6 +261,11 @@ def sliding_indexes(expiry: int, now: float) -> tuple[int, int]:
     return int((now - expiry) / expiry), int(now / expiry)
 
 
+def sliding_window_keys(key: str, expiry: int, now: float) -> tuple[str, str]:
+    """The previous and current window's `limits` keys: `TimestampedSlidingWindow`'s own."""
+    return TimestampedSlidingWindow.sliding_window_keys(key, expiry, now)
+
+
 def sliding_ttls(expiry: int, now: float) -> tuple[float, float]:
     """Seconds the previous window still weighs and the current one still lives, as in `limits`."""
     previous = (1 - (((now - expiry) / expiry) % 1)) * expiry
@@ -248,8 +274,9 @@ def sliding_ttls(expiry: int, now: float) -> tuple[float, float]:
 
 
 def _sliding_keys(key: str, expiry: int, now: float) -> tuple[str, str, int]:
-    previous, current = sliding_indexes(expiry, now)
-    return row_key(f"{key}/{previous}"), row_key(f"{key}/{current}"), current
+    """The two rows' keys and the current window's number."""
+    previous, current = sliding_window_keys(key, expiry, now)
+    return row_key(previous), row_key(current), sliding_indexes(expiry, now)[1]
 
 
 def acquire_sliding(key: str, limit: int, expiry: int, amount: int, now: float) -> _Call[bool]:
@@ -350,7 +377,7 @@ def _now() -> float:
 # -- the two faces: thin drivers ----------------------------------------------------
 
 
-class QuotaStorage(Storage, SlidingWindowCounterSupport):
+class QuotaStorage(Storage, SlidingWindowCounterSupport, TimestampedSlidingWindow):
     """A `limits` storage on a `quota` database, for synchronous code. Thread-safe.
 
     Built by `limits.storage.storage_from_string` from ``quota+<quota url>``.
@@ -381,7 +408,11 @@ class QuotaStorage(Storage, SlidingWindowCounterSupport):
         return call.decode(self.limiter.store.execute(call.sql, call.params))
 
     def incr(self, key: str, expiry: int, amount: int = 1) -> int:
-        """Count `amount` hits on `key` and return its count; a new window lasts `expiry` seconds."""
+        """Count `amount` hits on `key` and return its count.
+
+        A hit that finds the count at 0 (no window running) starts a window
+        that ends `expiry` seconds later, as in `limits`' own storages.
+        """
         return self._run(incr(key, expiry, amount, _now()))
 
     def get(self, key: str) -> int:
@@ -389,7 +420,7 @@ class QuotaStorage(Storage, SlidingWindowCounterSupport):
         return self._run(get(key, _now()))
 
     def get_expiry(self, key: str) -> float:
-        """Epoch second at which `key`'s window ends (now when none runs)."""
+        """Epoch time at which `key`'s window ends (now when none runs)."""
         return self._run(get_expiry(key, _now()))
 
     def check(self) -> bool:
@@ -427,7 +458,7 @@ class QuotaStorage(Storage, SlidingWindowCounterSupport):
         self.limiter.close()
 
 
-class AsyncQuotaStorage(AsyncStorage, AsyncSlidingWindowCounterSupport):
+class AsyncQuotaStorage(AsyncStorage, AsyncSlidingWindowCounterSupport, TimestampedSlidingWindow):
     """A `limits.aio` storage on a `quota` database; see `QuotaStorage`.
 
     Built from ``async+quota+<quota url>``. It belongs to the event loop that
