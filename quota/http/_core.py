@@ -381,7 +381,7 @@ class Guard:
         found = self._shapes.get((route, id(rates)))
         if found is not None and found[0] is rates:
             return found[1]
-        shape = PolicyShape(route, [(r.capacity, r.window) for r in rates])
+        shape = PolicyShape(route, rates)
         if len(self._shapes) > 4096:
             self._shapes.clear()
         self._shapes[(route, id(rates))] = (rates, shape)
@@ -395,8 +395,9 @@ class Guard:
         blocked = not decision.allowed
         if metrics.sink is not None:
             metrics.sink.record_decision(decision.allowed, route=route, tier=tier)
+        shape = self._shape(route, plan.hit.rates)
         headers = rate_limit_headers(
-            decision, self._shape(route, plan.hit.rates), now, self.config.headers,
+            decision, shape, now, self.config.headers,
             retry_after=blocked and not plan.shadow,
         )  # fmt: skip
         exposing = self.config.expose_headers and "origin" in request.headers and bool(headers)
@@ -409,7 +410,7 @@ class Guard:
         shown = headers
         if exposing:
             shown = [*headers, ("Access-Control-Expose-Headers", expose(headers, None))]
-        default = too_many_requests(decision, shown)
+        default = too_many_requests(decision, shown, shape)
         denial = Denial(RATE_LIMITED, request, route, tier, decision, decision.retry_after,
                         tuple(shown), default)  # fmt: skip
         return Verdict(self._respond(denial), [])

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from quota._algorithms import FIXED_WINDOW, GCRA, SLIDING_WINDOW, TOKEN_BUCKET, Rate
 from quota._core import Decision
 from quota.http._identity import RequestInfo
 
@@ -64,26 +65,90 @@ def _sf_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+#: The parameter stating a token bucket's or GCRA's burst apart from its rate.
+#: The draft lets other parameters through ("regarded as comments") and asks
+#: that service-specific ones carry a vendor prefix (its example: ``acme-burst``).
+BURST_PARAM = "quota-burst"
+
+_WINDOW_NAMES = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
+
+
+@dataclass(frozen=True, slots=True)
+class RateShape:
+    """One rate as the IETF fields state it: its quota per window, and its burst apart."""
+
+    name: str
+    """The quoted policy name."""
+    algorithm: str
+    quota: int
+    """``q``: the limit per window, or a refill algorithm's sustained rate per `window`."""
+    window: int
+    """``w``, in seconds."""
+    burst: int | None
+    """A token bucket's capacity or GCRA's burst, when it differs from `quota`."""
+    refill_time: float
+    """Seconds a refill algorithm takes to regain `quota` units (at most `window`)."""
+
+    def describe(self) -> str:
+        """``1 per second, bursts of 5``."""
+        per = _WINDOW_NAMES.get(self.window, f"{self.window} seconds")
+        text = f"{self.quota} per {per}"
+        return text if self.burst is None else f"{text}, bursts of {self.burst}"
+
+
+def _rate_shape(name: str, rate: Rate | tuple[int, int]) -> RateShape:
+    if isinstance(rate, tuple):  # (limit, window) of a fixed window
+        limit, window = rate
+        return RateShape(name, FIXED_WINDOW, limit, window, None, float(window))
+    algorithm, window = rate.algorithm, rate.window
+    if algorithm not in (TOKEN_BUCKET, GCRA):
+        return RateShape(name, algorithm, rate.limit, window, None, float(window))
+    # GCRA spaces hits window / limit apart whatever the refill says; a token
+    # bucket refills at `rate.rate` (limit / window unless set apart).
+    per_second = rate.rate if algorithm == TOKEN_BUCKET else rate.limit / window
+    quota, window = _as_quota(per_second, window)
+    burst = rate.capacity if rate.capacity != quota else None
+    return RateShape(name, algorithm, quota, window, burst, quota / per_second)
+
+
+def _as_quota(per_second: float, window: int) -> tuple[int, int]:
+    """A refill rate as whole units per whole seconds, exact when it can be, else never more."""
+    for w in dict.fromkeys((window, 1, 60, 3600, 86400)):
+        q = per_second * w
+        if q >= 1 and abs(q - round(q)) <= 1e-9 * q:
+            return round(q), w
+    if per_second * window >= 1:
+        return math.floor(per_second * window + 1e-9), window
+    return 1, math.ceil(1 / per_second - 1e-9)
+
+
 class PolicyShape:
-    """The parts of the IETF fields fixed by a route class and its rates, built once per pair."""
+    """The parts of the IETF fields fixed by a route class and its rates, built once per pair.
 
-    __slots__ = ("by_window", "first", "policy")
+    `limits` holds `Rate`s (or ``(limit, window)`` pairs, fixed windows).
+    """
 
-    def __init__(self, route: str, limits: Sequence[tuple[int, int]]) -> None:
+    __slots__ = ("by_window", "first", "policy", "rates")
+
+    def __init__(self, route: str, limits: Sequence[Rate | tuple[int, int]]) -> None:
         names = [route] if len(limits) == 1 else [f"{route}-{i}" for i in range(len(limits))]
-        quoted = [_sf_string(name) for name in names]
-        #: The ``RateLimit-Policy`` value: every rate, ``"name";q=<limit>;w=<window>``.
+        self.rates = [
+            _rate_shape(_sf_string(name), rate) for name, rate in zip(names, limits, strict=True)
+        ]
+        #: The ``RateLimit-Policy`` value: every rate, ``"name";q=<quota>;w=<window>``, and
+        #: ``;quota-burst=<burst>`` for a token bucket or GCRA whose burst is not its quota.
         self.policy = ", ".join(
-            f"{name};q={limit};w={window}"
-            for name, (limit, window) in zip(quoted, limits, strict=True)
+            f"{r.name};q={r.quota};w={r.window}"
+            + ("" if r.burst is None else f";{BURST_PARAM}={r.burst}")
+            for r in self.rates
         )
-        self.first = quoted[0]
-        self.by_window: dict[int, str] = {}
-        for name, (_, window) in zip(quoted, limits, strict=True):
-            self.by_window.setdefault(window, name)
+        self.first = self.rates[0]
+        self.by_window: dict[int, RateShape] = {}
+        for shape, rate in zip(self.rates, limits, strict=True):
+            self.by_window.setdefault(rate[1] if isinstance(rate, tuple) else rate.window, shape)
 
-    def current(self, window: int) -> str:
-        """The quoted name of the rate with this window (the one that decided)."""
+    def current(self, window: int) -> RateShape:
+        """The rate with this window (the one that decided; a `Decision` names its window)."""
         return self.by_window.get(window, self.first)
 
 
@@ -93,46 +158,62 @@ def rate_limit_headers(
     """The rate-limit headers for `decision` under a class whose rates `shape` describes.
 
     ``legacy``: ``X-RateLimit-Limit``, ``-Remaining``, ``-Reset`` (epoch
-    seconds). ``ietf``: ``RateLimit-Policy`` listing every rate as
-    ``"name";q=<limit>;w=<window>`` and ``RateLimit`` naming the one that
-    decided with ``r=<remaining>;t=<seconds to reset>``
-    (draft-ietf-httpapi-ratelimit-headers). ``Retry-After`` when asked.
+    seconds). ``ietf`` (draft-ietf-httpapi-ratelimit-headers-10):
+    ``RateLimit-Policy`` listing every rate as ``"name";q=<quota>;w=<window>``
+    (a token bucket's or GCRA's sustained rate, its burst apart as
+    ``quota-burst``) and ``RateLimit`` naming the one that decided with
+    ``r=<remaining>;t=<seconds to reset>``. ``Retry-After`` when asked.
+
+    ``t`` and ``X-RateLimit-Reset`` name one moment: on a denial, when the same
+    request passes (``t`` equals ``Retry-After``); when allowed, when the
+    quota used (at most ``q`` units) is back: the window's end for a fixed
+    window, the fading of the current window's count for a sliding one, and
+    for a refill algorithm the full refill or ``w``, whichever comes first.
     """
+    if style not in ("both", "legacy", "ietf"):
+        return [("Retry-After", str(decision.retry_after))] if retry_after else []
+    rate = shape.current(decision.window)
+    reset_in, reset_at = _reset(decision, rate, now)
     remaining = str(decision.remaining)
-    if style == "both":
-        out: Headers = [
+    out: Headers = []
+    if style != "ietf":
+        out += [
             ("X-RateLimit-Limit", str(decision.limit)),
             ("X-RateLimit-Remaining", remaining),
-            ("X-RateLimit-Reset", str(decision.reset_at)),
+            ("X-RateLimit-Reset", str(reset_at)),
+        ]
+    if style != "legacy":
+        out += [
             ("RateLimit-Policy", shape.policy),
-            (
-                "RateLimit",
-                f"{shape.current(decision.window)};r={remaining};t={_reset_in(decision, now)}",
-            ),
+            ("RateLimit", f"{rate.name};r={remaining};t={reset_in}"),
         ]
-    elif style == "legacy":
-        out = [
-            ("X-RateLimit-Limit", str(decision.limit)),
-            ("X-RateLimit-Remaining", remaining),
-            ("X-RateLimit-Reset", str(decision.reset_at)),
-        ]
-    elif style == "ietf":
-        out = [
-            ("RateLimit-Policy", shape.policy),
-            (
-                "RateLimit",
-                f"{shape.current(decision.window)};r={remaining};t={_reset_in(decision, now)}",
-            ),
-        ]
-    else:
-        out = []
     if retry_after:
         out.append(("Retry-After", str(decision.retry_after)))
     return out
 
 
-def _reset_in(decision: Decision, now: float) -> int:
-    return max(0, math.ceil(decision.reset_at - now))
+def _reset(decision: Decision, rate: RateShape, now: float) -> tuple[int, int]:
+    """``(t, X-RateLimit-Reset)``: seconds from `now` to the reset, and its epoch second."""
+    end = decision.reset_at  # the window's end; a refill algorithm's full refill
+    if not decision.allowed:
+        # When the same request passes: what Retry-After says. A fixed window's
+        # end is that moment exactly (and says it without rounding now).
+        wait = decision.retry_after
+        if rate.algorithm == FIXED_WINDOW and max(1, math.ceil(end - now)) == wait:
+            return wait, end
+        return wait, math.ceil(now + wait)
+    if rate.algorithm == SLIDING_WINDOW:
+        # This hit is in the current window's count, which weighs in full until
+        # the window ends and fades out over the next one.
+        moment = float(end + rate.window)
+    elif rate.algorithm in (TOKEN_BUCKET, GCRA):
+        moment = min(float(end), now + rate.refill_time)
+    else:
+        moment = float(end)
+    return max(0, math.ceil(moment - now - _EPS)), math.ceil(moment - _EPS)
+
+
+_EPS = 1e-9
 
 
 def expose(headers: Headers, existing: str | None) -> str:
@@ -159,14 +240,24 @@ def problem(
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def too_many_requests(decision: Decision, headers: Headers) -> HttpResponse:
-    """The default 429: ``application/problem+json`` with ``code: RATE_LIMITED`` and ``retry_after``."""
-    detail = (
-        f"Rate limit of {decision.limit} per {decision.window}s exceeded;"
-        f" retry after {decision.retry_after}s."
-    )
-    body = problem(429, "Too Many Requests", detail, RATE_LIMITED, decision.retry_after,
-                   limit=decision.limit, window=decision.window)  # fmt: skip
+def too_many_requests(
+    decision: Decision, headers: Headers, shape: PolicyShape | None = None
+) -> HttpResponse:
+    """The default 429: ``application/problem+json`` with ``code: RATE_LIMITED`` and ``retry_after``.
+
+    The detail, ``limit`` and ``window`` state the rate that decided as
+    `shape` describes it (a token bucket's or GCRA's sustained rate, and its
+    ``burst``); without `shape`, the decision's limit and window.
+    """
+    if shape is None:
+        rate = _rate_shape("", (decision.limit, decision.window))
+    else:
+        rate = shape.current(decision.window)
+    detail = f"Rate limit of {rate.describe()} exceeded; retry after {decision.retry_after}s."
+    extra: dict[str, object] = {"limit": rate.quota, "window": rate.window}
+    if rate.burst is not None:
+        extra["burst"] = rate.burst
+    body = problem(429, "Too Many Requests", detail, RATE_LIMITED, decision.retry_after, **extra)
     return HttpResponse(429, _with_body_headers(headers, len(body)), body)
 
 
