@@ -80,6 +80,12 @@ CLEANUP_LOCK_ID = 0x3A1F_4C2B_9D0E_7A65 - 2**63
 PG_TRY_LOCK = "SELECT pg_try_advisory_xact_lock(?)"
 PG_UNLOCK = "COMMIT -- quota: ends the transaction of PG_TRY_LOCK"
 
+#: SQLite only: an operation run without a transaction yields this to let other writers
+#: in between two of its statements; the SQLite stores sleep ``params[0]`` seconds,
+#: holding no lock. (A write waiting on SQLite's busy handler polls at intervals: a
+#: writer that takes the lock again at once would starve it.)
+PAUSE = "-- quota: pause"
+
 _PLACEHOLDER = re.compile(r"\?")
 
 

@@ -233,6 +233,9 @@ class SQLiteStore:
         conn = cursor.connection
 
         def execute(sql: str, params: Sequence[Any]) -> Rows:
+            if sql is _sql.PAUSE:
+                time.sleep(params[0])
+                return []
             try:
                 return conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
@@ -485,6 +488,9 @@ class AsyncSQLiteStore:
         assert self._lock is not None
 
         async def execute(sql: str, params: Sequence[Any]) -> Rows:
+            if sql is _sql.PAUSE:
+                await asyncio.sleep(params[0])
+                return []
             try:
                 return list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as exc:
