@@ -15,7 +15,7 @@ import quota
 from quota._doctor import ERROR, OK, WARN, display_url
 from quota._url import ENV_VAR
 
-from .main import EXIT_ERROR, main
+from .main import EXIT_ERROR, Number, main
 
 _MARK = {OK: "ok", WARN: "WARN", ERROR: "ERROR"}
 
@@ -34,7 +34,7 @@ def exit_code(findings: list[quota.Finding], *, strict: bool = False) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--strict", is_flag=True, help="Exit 3 on warnings too (for CI gates).")
 @click.option(
-    "--timeout", type=click.FloatRange(0, 600, min_open=True), default=5.0, show_default=True,
+    "--timeout", type=Number(maximum=600), default=5.0, show_default=True,
     help="Seconds allowed for the connection and for each query.",
 )  # fmt: skip
 @click.pass_context

@@ -12,6 +12,8 @@ Exit codes (every command):
 from __future__ import annotations
 
 import json
+import math
+import re
 import signal
 import sys
 import threading
@@ -44,6 +46,57 @@ def _errors() -> Iterator[None]:
     except quota.QuotaError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_ERROR)
+
+
+class Whole(click.types.IntParamType):
+    """A whole number in ASCII digits, at least `minimum` (click's ``int`` reads U+0661 U+0660 as 10)."""
+
+    name = "integer"
+    _TEXT = re.compile(r"-?[0-9]{1,19}")
+
+    def __init__(self, minimum: int | None = None) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, str) and self._TEXT.fullmatch(value.strip()):
+            number = int(value.strip())
+        else:
+            self.fail(f"{value!r} is not a whole number (ASCII digits)", param, ctx)
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"{number} is less than {self.minimum}", param, ctx)
+        return number
+
+
+class Number(click.types.FloatParamType):
+    """A finite decimal number in ASCII digits (click's ``float`` takes ``nan`` and U+0661 U+0660)."""
+
+    name = "number"
+    _TEXT = re.compile(r"(?:[0-9]{1,15}(?:\.[0-9]{0,15})?|\.[0-9]{1,15})(?:[eE][+-]?[0-9]{1,3})?")
+
+    def __init__(self, above: float = 0.0, maximum: float = math.inf) -> None:
+        self.above = above
+        self.maximum = maximum
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str) and self._TEXT.fullmatch(value.strip()):
+            number = float(value.strip())
+        else:
+            self.fail(f"{value!r} is not a decimal number (ASCII digits)", param, ctx)
+        if not self.above < number <= self.maximum:
+            self.fail(
+                f"{value!r} is not above {self.above:g} and at most {self.maximum:g}", param, ctx
+            )
+        return number
+
+
+WHOLE = Whole()
+POSITIVE = Whole(minimum=1)
 
 
 def _duration(name: str) -> Callable[[click.Context, click.Parameter, Any], int | None]:
@@ -172,7 +225,7 @@ def _decision_out(decision: quota.Decision, as_json: bool) -> None:
 
 
 _limit_option = click.option(
-    "--limit", "-l", type=int, required=True, help="Hits allowed per window."
+    "--limit", "-l", type=WHOLE, required=True, help="Hits allowed per window."
 )
 _window_option = click.option(
     "--window",
@@ -190,7 +243,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
 @_limit_option
 @_window_option
 @click.option(
-    "--cost", type=int, default=1, show_default=True, help="Hits this request counts for."
+    "--cost", type=WHOLE, default=1, show_default=True, help="Hits this request counts for."
 )
 @_json_option
 @click.pass_context
@@ -232,7 +285,7 @@ def reset(ctx: click.Context, key: str, window: int | None) -> None:
 
 @main.command()
 @url_option
-@click.option("-n", "count", type=int, default=10, show_default=True, help="How many keys.")
+@click.option("-n", "count", type=WHOLE, default=10, show_default=True, help="How many keys.")
 @_json_option
 @click.pass_context
 def top(ctx: click.Context, count: int, as_json: bool) -> None:
@@ -253,7 +306,9 @@ def top(ctx: click.Context, count: int, as_json: bool) -> None:
     "--grace", default="60s", show_default=True, callback=_duration("grace"),
     help="Keep windows that ended less than this long ago.",
 )  # fmt: skip
-@click.option("--batch-size", type=int, default=10_000, show_default=True, help="Rows per DELETE.")
+@click.option(
+    "--batch-size", type=WHOLE, default=10_000, show_default=True, help="Rows per DELETE."
+)
 @click.option("--dry-run", is_flag=True, help="Only count the expired rows.")
 @click.option(
     "--every", callback=_duration("every"),
@@ -333,7 +388,7 @@ def _every(period: int, job: Callable[[], None]) -> None:
 @main.command()
 @url_option
 @click.option(
-    "--clients", type=int, default=6, show_default=True, help="Number of simulated clients."
+    "--clients", type=POSITIVE, default=6, show_default=True, help="Number of simulated clients."
 )
 @click.pass_context
 def demo(ctx: click.Context, clients: int) -> None:
@@ -351,14 +406,19 @@ def demo(ctx: click.Context, clients: int) -> None:
 @main.command()
 @url_option
 @click.option(
-    "--concurrency", "-c", type=int, default=8, show_default=True, help="Concurrent callers."
+    "--concurrency", "-c", type=WHOLE, default=8, show_default=True, help="Concurrent callers."
 )
-@click.option("--keys", "-k", type=int, default=1000, show_default=True, help="Distinct keys.")
+@click.option("--keys", "-k", type=WHOLE, default=1000, show_default=True, help="Distinct keys.")
 @click.option(
-    "--duration", "-d", type=float, default=3.0, show_default=True, help="Seconds per measurement."
+    "--duration",
+    "-d",
+    type=Number(maximum=86400),
+    default=3.0,
+    show_default=True,
+    help="Seconds per measurement.",
 )
 @click.option(
-    "--runs", "-r", type=int, default=3, show_default=True, help="Runs; medians are reported."
+    "--runs", "-r", type=WHOLE, default=3, show_default=True, help="Runs; medians are reported."
 )
 @click.option(
     "--face", type=click.Choice(["auto", "sync", "async"]), default="auto", show_default=True,
@@ -382,7 +442,7 @@ def demo(ctx: click.Context, clients: int) -> None:
     " 1,000,000 rows): print a table, write report.json and PNG plots into this directory.",
 )  # fmt: skip
 @click.option(
-    "--cleanup-rows", type=int, default=1_000_000, show_default=True,
+    "--cleanup-rows", type=WHOLE, default=1_000_000, show_default=True,
     help="With --report: expired rows the cleanup scenario removes.",
 )  # fmt: skip
 @click.option(
@@ -391,7 +451,7 @@ def demo(ctx: click.Context, clients: int) -> None:
     " cost on a healthy store (rate scenario).",
 )  # fmt: skip
 @click.option(
-    "--pool-size", type=int, default=None,
+    "--pool-size", type=WHOLE, default=None,
     help="Connections quota's side may open (default: one per caller, like the bare side):"
     " fewer measures callers sharing a pool.",
 )  # fmt: skip

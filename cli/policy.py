@@ -19,7 +19,7 @@ import click
 
 from quota.http import PolicyRow, delete_policy, hashed_subject, list_policies, set_policy
 
-from .main import EXIT_DENIED, _errors, _limiter, main
+from .main import EXIT_DENIED, POSITIVE, _errors, _limiter, main
 
 _SECRET_VARS = ("QUOTA_HASH_SECRET", "RATE_LIMIT_SECRET")
 
@@ -37,10 +37,16 @@ def _subject(subject: str | None, ip: str | None, token: str | None, tier: str |
         raise click.UsageError(
             "--ip and --token hash with the app's secret: set QUOTA_HASH_SECRET to the value the app uses"
         )
+    try:
+        key = secret.encode()
+    except UnicodeEncodeError:
+        raise click.UsageError(
+            "QUOTA_HASH_SECRET must be UTF-8 text (it holds bytes that are not)"
+        ) from None
     if ip is not None:
-        return hashed_subject("ip", ip, secret.encode())
+        return hashed_subject("ip", ip, key)
     assert token is not None
-    return hashed_subject("tok", token, secret.encode())
+    return hashed_subject("tok", token, key)
 
 
 _subject_options = [
@@ -95,7 +101,7 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--algorithm", type=click.Choice(["fixed_window", "sliding_window", "token_bucket", "gcra"])
 )
-@click.option("--cost", type=click.IntRange(min=1), help="Hits one request counts for.")
+@click.option("--cost", type=POSITIVE, help="Hits one request counts for.")
 @click.option(
     "--fail-open/--fail-closed", "fail_open", default=None, help="When the limiter fails."
 )

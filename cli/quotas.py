@@ -21,7 +21,7 @@ import quota
 from quota._core import parse_duration
 from quota._periods import CALENDAR
 
-from .main import _emit, _errors, _json_option, _limiter, main, url_option
+from .main import WHOLE, _emit, _errors, _json_option, _limiter, main, url_option
 
 
 def _iso(epoch: float | None) -> str:
@@ -48,15 +48,21 @@ def _since(_ctx: click.Context, _param: click.Parameter, value: str | None) -> f
     if value is None:
         return None
     text = value.strip()
+    bad = click.BadParameter(
+        f"{value!r} is neither a duration ago (7d, 12h) nor an ISO date or time"
+        " (2026-01-31, 2026-01-31T12:00:00+01:00)"
+    )
+    if not text.isascii():  # fromisoformat and int() read '\u0661\u0660' as 10
+        raise bad
     if text[-1:].isalpha() and text[:-1].isdigit():
-        return time.time() - parse_duration("since", text)
+        try:
+            return time.time() - parse_duration("since", text)
+        except quota.ConfigurationError as exc:
+            raise click.BadParameter(str(exc)) from None
     try:
         moment = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is neither a duration ago (7d, 12h) nor an ISO date or time"
-            " (2026-01-31, 2026-01-31T12:00:00+01:00)"
-        ) from None
+        raise bad from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.timezone.utc)
     return moment.timestamp()
@@ -99,7 +105,7 @@ def _dash(value: int | None) -> str:
 @main.command()
 @click.argument("subject")
 @click.argument("name")
-@click.argument("amount", type=int)
+@click.argument("amount", type=WHOLE)
 @click.option(
     "--period", "-p", required=True, callback=_period,
     help="The quota's period: day, week, month, or seconds (3600, 12h).",

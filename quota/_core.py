@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 
 from quota._errors import ConfigurationError
@@ -21,6 +22,12 @@ MAX_WINDOW = 366 * 24 * 3600
 MAX_LIMIT = 2**62
 #: Caller keys longer than this (in UTF-8 bytes) are stored as a digest.
 MAX_RAW_KEY_BYTES = 200
+#: The latest time a clock may report, in epoch seconds (the year 5138): every
+#: window start, period bound and expiry computed from it fits a 64-bit column
+#: and Python's calendar.
+MAX_NOW = 10**11
+#: The longest duration `parse_duration` accepts: 100 years of 366 days.
+MAX_DURATION = 100 * 366 * 86400
 
 
 def check_int(name: str, value: object, *, maximum: int) -> int:
@@ -33,6 +40,21 @@ def check_int(name: str, value: object, *, maximum: int) -> int:
     if not 1 <= value <= maximum:
         raise ConfigurationError(f"{name} must be between 1 and {maximum}, got {value!r}")
     return value
+
+
+def check_now(now: object) -> float:
+    """`now`, the time a clock reported, if it is finite epoch seconds in ``0..MAX_NOW``.
+
+    Raises `ConfigurationError` naming the clock and what it returned: NaN,
+    an infinity, a string or None from a clock would otherwise fail deep in
+    the window arithmetic, or be written into a row.
+    """
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not 0 <= now <= MAX_NOW:
+        raise ConfigurationError(
+            f"clock must return epoch seconds, a finite number between 0 and {MAX_NOW};"
+            f" it returned {now!r} ({type(now).__name__})"
+        )
+    return now
 
 
 def stored_key(key: object) -> str:
@@ -97,6 +119,8 @@ def hit_params(
     if type(window) is not int or not 0 < window <= MAX_WINDOW:
         check_int("window", window, maximum=MAX_WINDOW)
     assert isinstance(window, int)
+    if now.__class__ is not float or not 0.0 <= now <= MAX_NOW:  # NaN fails the range test
+        check_now(now)
     second = int(now)
     start = second - second % window
     return f"{window}:{start}:{skey}", skey, start, window, cost, now
@@ -209,18 +233,24 @@ def peek_decision(
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: ASCII digits only (``str.isdigit`` takes ``'²'`` and ``'\u0661\u0660'``), few enough for `int`.
+_DURATION = re.compile(r"([0-9]{1,12})([smhdw]?)")
 
 
 def parse_duration(name: str, text: str) -> int:
     """Whole seconds from ``"90"``, ``"45s"``, ``"30m"``, ``"12h"``, ``"400d"`` or ``"2w"``.
 
+    The number is ASCII digits; the result is at most `MAX_DURATION`.
     Raises `ConfigurationError` naming `name` and the text.
     """
-    raw = text.strip().lower()
-    unit = raw[-1:] if raw[-1:] in _UNITS else "s"
-    number = raw[:-1] if raw[-1:] in _UNITS else raw
-    if not number.isdigit():
+    match = _DURATION.fullmatch(text.strip().lower()) if isinstance(text, str) else None
+    if match is None:
         raise ConfigurationError(
             f"{name} must be a duration like 90, 45s, 30m, 12h, 400d or 2w; got {text!r}"
         )
-    return int(number) * _UNITS[unit]
+    seconds = int(match[1]) * _UNITS[match[2] or "s"]
+    if seconds > MAX_DURATION:
+        raise ConfigurationError(
+            f"{name} must be at most {MAX_DURATION} seconds (100 years), got {text!r}"
+        )
+    return seconds

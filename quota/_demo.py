@@ -1,7 +1,13 @@
 """``quota demo``: a realistic burst through the real engine, on the embedded default.
 
-Simulated time (an injected clock) lets the demo show a window ending and a
-cleanup sweeping it in a second or two, instead of waiting a minute.
+Simulated time (an injected clock) lets the demo show a window ending in a
+second or two, instead of waiting a minute.
+
+The demo may be pointed at a live database, so it touches only its own rows:
+every key it counts starts with `KEY_PREFIX` and a fresh run id, it never runs
+a cleanup (a cleanup on its clock, ahead of real time, would delete other
+clients' windows that are still running), and at the end it resets exactly
+the keys it used, leaving nothing behind.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from dataclasses import dataclass, field
 from quota._core import Decision
 from quota._limiter import connect
 from quota._migrate import migrate
+from quota._url import redact
 
 WINDOW = 60
 ANON_LIMIT = 10
 AUTH_LIMIT = 30
+#: The start of every key the demo counts under (then a run id, a tier and a client).
+KEY_PREFIX = "quota-demo"
 
 
 @dataclass
@@ -56,20 +65,20 @@ _CLIENTS = [
 
 
 def run_demo(url: str, *, clients: int = 6, echo: Callable[[str], None] = print) -> None:
-    """Migrate `url`, run the burst, print a table per phase, then clean up."""
+    """Migrate `url`, run the burst, print a table per phase, then remove the demo's own rows."""
     started = time.perf_counter()
     migrate(url)
-    echo(f"database: {url} (migrated)\n")
+    echo(f"database: {redact(url)} (migrated)\n")
     clock = _SimClock()
-    run = uuid.uuid4().hex[:6]  # keeps repeated demos on one file apart
+    run = uuid.uuid4().hex[:12]  # keeps repeated (and concurrent) demos on one database apart
     roster = [
         _Client(name, tier, n)
         for name, tier, n in (_CLIENTS * (clients // len(_CLIENTS) + 1))[:clients]
     ]
+    keys = {f"{KEY_PREFIX}:{run}:{c.tier}:{c.name}:{i}": c for i, c in enumerate(roster)}
     with connect(url, clock=clock) as limiter:
 
-        def drive(client: _Client, count: int) -> None:
-            key = f"demo:{run}:{client.tier}:{client.name}"
+        def drive(key: str, client: _Client, count: int) -> None:
             for _ in range(count):
                 decision = limiter.rate_limit(key, client.limit, WINDOW)
                 client.allowed += decision.allowed
@@ -80,8 +89,8 @@ def run_demo(url: str, *, clients: int = 6, echo: Callable[[str], None] = print)
             for client in roster:
                 client.allowed = client.denied = 0
             threads = [
-                threading.Thread(target=drive, args=(client, n))
-                for client, n in zip(roster, counts, strict=True)
+                threading.Thread(target=drive, args=(key, client, n))
+                for (key, client), n in zip(keys.items(), counts, strict=True)
             ]
             for thread in threads:
                 thread.start()
@@ -92,14 +101,19 @@ def run_demo(url: str, *, clients: int = 6, echo: Callable[[str], None] = print)
         echo(
             f"limits: anonymous {ANON_LIMIT}/{WINDOW}s per IP, authenticated {AUTH_LIMIT}/{WINDOW}s per key"
         )
-        phase("burst: every client at once", [c.requests for c in roster])
-        clock.offset += WINDOW
-        phase(f"{WINDOW}s later (simulated): fresh windows", [min(c.requests, 5) for c in roster])
-        result = limiter.cleanup(grace=0)
-        live = sum(1 for usage in limiter.top(1000) if usage.key.startswith(f"demo:{run}:"))
+        live = [min(c.requests, 5) for c in roster]
+        try:
+            phase("burst: every client at once", [c.requests for c in roster])
+            clock.offset += WINDOW
+            phase(f"{WINDOW}s later (simulated): fresh windows", live)
+        finally:
+            # Only this run's keys, whatever happened: never a cleanup, which would
+            # sweep other clients' windows by the demo's clock, a minute ahead.
+            deleted = sum(limiter.reset(key) for key in keys)
+        running = sum(1 for n in live if n)
         echo(
-            f"\ncleanup: deleted {result.deleted} ended window(s) from the burst;"
-            f" {live} live window(s) kept"
+            f"\ncleanup: deleted {deleted - running} ended window(s) from the burst and"
+            f" {running} live one(s); only this demo's keys ({KEY_PREFIX}:{run}:…) were touched"
         )
     echo(f"done in {time.perf_counter() - started:.1f}s")
 

@@ -144,7 +144,7 @@ def display_url(url: str) -> str:
 
 def migrate_command(url: str) -> str:
     """The command that creates or upgrades the tables at `url`, as the CLI takes it."""
-    return f"quota --url '{url}' migrate"
+    return f"quota --url '{redact(url)}' migrate"
 
 
 def _checked(check: str, run: Callable[[], list[Finding]]) -> list[Finding]:

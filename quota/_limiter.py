@@ -25,6 +25,7 @@ from quota._core import (
     MAX_WINDOW,
     Decision,
     check_int,
+    check_now,
     decide,
     decide_uncounted,
     hit_params,
@@ -161,8 +162,17 @@ class Options:
 
     @property
     def app_clock(self) -> Clock:
-        """The clock read in the app: time.time under the database clock (for peek and fallbacks)."""
-        return self.clock if callable(self.clock) else time.time
+        """The clock read in the app: time.time under the database clock (for peek and
+        fallbacks). An injected clock is checked on every read: a value that is no usable
+        time (NaN, infinite, not a number) is a `ConfigurationError` naming ``clock``."""
+        clock = self.clock if callable(self.clock) else time.time
+        if clock is time.time:
+            return clock
+
+        def checked() -> float:
+            return check_now(clock())
+
+        return checked
 
 
 def _observe(limiter: Limiter | AsyncLimiter, decision: Decision, source: str = "") -> None:

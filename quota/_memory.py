@@ -25,6 +25,7 @@ holds it. ``?max_keys=N`` bounds the rows (default 100,000).
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import weakref
@@ -106,7 +107,7 @@ def parse_target(target: str) -> tuple[str, int]:
             raise ConfigurationError(
                 f"unknown option {option!r} in memory://{target}; the only one is max_keys"
             )
-        max_keys = int(value) if value.isdigit() else value
+        max_keys = int(value) if re.fullmatch(r"[0-9]{1,10}", value) else value
     return name.strip("/"), check_int("max_keys", max_keys, maximum=10**9)
 
 

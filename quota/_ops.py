@@ -27,7 +27,15 @@ from quota._algorithms import (
     sliding_step,
     state_key,
 )
-from quota._core import Decision, check_int, display_key, hit_params, peek_decision, stored_key
+from quota._core import (
+    Decision,
+    check_int,
+    check_now,
+    display_key,
+    hit_params,
+    peek_decision,
+    stored_key,
+)
 from quota._errors import ConfigurationError
 from quota._store import Rows, Statement
 
@@ -75,6 +83,17 @@ def reset(stored_key: str, window: int | None) -> Generator[Statement, Rows, int
     return deleted
 
 
+#: The longest grace `cleanup` takes: ten years of 366 days (no window is longer
+#: than 366 days, and the cutoff must stay a 64-bit integer).
+MAX_GRACE = 10 * 366 * 86400
+
+
+#: SQLite cleanup: rows deleted per slice (a few milliseconds of the write lock) and the
+#: pause between slices (longer than a waiting writer's first busy-handler sleeps).
+SQLITE_SLICE_ROWS = 1000
+SQLITE_SLICE_PAUSE = 0.01
+
+
 @dataclass(frozen=True, slots=True)
 class CleanupResult:
     """What one cleanup run did."""
@@ -95,12 +114,24 @@ def cleanup(
     """Delete windows that ended more than `grace` seconds before `now`, `batch_size` rows at a time.
 
     Each batch commits on its own, so a long sweep never holds locks for
-    long. On PostgreSQL a session advisory lock lets one cleanup run at a
+    long; on SQLite batches are at most `SQLITE_SLICE_ROWS` rows with a pause
+    between them, so writers waiting for the file get their turn. On
+    PostgreSQL a transaction-scoped advisory lock lets one cleanup run at a
     time across all instances; a second one returns ``skipped=True``.
+
+    Raises `ConfigurationError` for a `grace` that is not an int in
+    ``0..MAX_GRACE``, a `batch_size` that is not an int in ``1..1000000``, a
+    `dry_run` that is not a bool, or a clock that gave no usable `now`.
     """
-    if type(grace) is not int or grace < 0:
-        raise ConfigurationError(f"grace must be a whole number of seconds >= 0, got {grace!r}")
+    if type(grace) is not int or not 0 <= grace <= MAX_GRACE:
+        raise ConfigurationError(
+            f"grace must be a whole number of seconds between 0 and {MAX_GRACE} (ten years),"
+            f" got {grace!r}"
+        )
     check_int("batch_size", batch_size, maximum=1_000_000)
+    if not isinstance(dry_run, bool):
+        raise ConfigurationError(f"dry_run must be a bool, got {dry_run!r}")
+    check_now(now)
     # Ends are whole seconds: `end < ceil(now) - grace` is exactly `end + grace < now`
     # (int(now) kept a window that ended at E until E + 1).
     cutoff = math.ceil(now) - grace
@@ -125,12 +156,19 @@ def cleanup(
         if locking:  # a partitioned counters table sheds whole partitions first
             # Whole partitions only once their range has surely ended.
             deleted += yield from _partitions.maintain(now, int(now) - grace)
+        # SQLite has one write lock for the whole file: slices short enough to keep the
+        # lock well under a fallback's budget, with a pause after each for the writers
+        # that queued behind it.
+        sliced = dialect == "sqlite"
+        batch = min(batch_size, SQLITE_SLICE_ROWS) if sliced else batch_size
         for _, delete in tables:
             while True:
-                rows = yield delete, (cutoff, batch_size, cutoff)
+                rows = yield delete, (cutoff, batch, cutoff)
                 deleted += len(rows)
-                if len(rows) < batch_size:
+                if len(rows) < batch:
                     break
+                if sliced:
+                    yield _sql.PAUSE, (SQLITE_SLICE_PAUSE,)
     finally:
         if locking:
             yield _sql.PG_UNLOCK, (_sql.CLEANUP_LOCK_ID,)

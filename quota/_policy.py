@@ -23,15 +23,19 @@ _UNITS = {
     **dict.fromkeys(("w", "wk", "week", "weeks"), 604800),
 }
 _RATE = re.compile(
-    r"^\s*(?P<limit>\S+?)\s*(?:/|\s+per\s+)\s*(?P<count>\d+\s*)?(?P<unit>[A-Za-z]+)"
-    r"(?:\s+burst\s+(?P<burst>\S+))?\s*$"
+    r"^\s*(?P<limit>\S+?)\s*(?:/|\s+per\s+)\s*(?P<count>[0-9]+\s*|[^\sA-Za-z]\S*?\s+)?(?P<unit>[A-Za-z]+)"
+    r"(?:\s+burst\s+(?P<burst>\S+))?\s*$",
+    re.ASCII,
 )
+#: ASCII digits only: ``str.isdigit`` also takes ``'²'`` (which `int` refuses) and
+#: ``'\u0661\u0660'`` (which it reads as 10). Nineteen digits hold every limit accepted.
+_WHOLE = re.compile(r"[0-9]{1,19}")
 
 
 def _whole(part: str, what: str, text: str) -> int:
-    if not part.isdigit() or int(part) < 1:
+    if not _WHOLE.fullmatch(part) or int(part) < 1:
         raise ConfigurationError(
-            f"{what} {part!r} in rate {text!r} must be a positive whole number"
+            f"{what} {part!r} in rate {text!r} must be a positive whole number (ASCII digits)"
         )
     return int(part)
 
@@ -59,7 +63,10 @@ def parse_rate(text: str, *, algorithm: str | None = None) -> Rate:
         raise ConfigurationError(
             f"rate {text!r} has a burst, which only token_bucket and gcra use, but algorithm is {algorithm!r}"
         )
-    return Rate(limit=limit, window=count * _UNITS[unit], algorithm=algorithm, burst=burst)
+    try:
+        return Rate(limit=limit, window=count * _UNITS[unit], algorithm=algorithm, burst=burst)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"rate {text!r}: {exc}") from None
 
 
 def parse_rates(text: str, *, algorithm: str | None = None) -> list[Rate]:
@@ -81,16 +88,24 @@ def parse_rates(text: str, *, algorithm: str | None = None) -> list[Rate]:
 
 
 def as_rates(rates: Rate | str | Iterable[Rate]) -> list[Rate]:
-    """`rates` as a non-empty list: a `Rate`, a rate string, or several `Rate` objects."""
+    """`rates` as a non-empty list: a `Rate`, a rate string, or several `Rate` objects.
+
+    Raises `ConfigurationError` naming ``rates`` for anything else (None, a
+    number, bytes, an empty list, a list holding something not a `Rate`).
+    """
     if isinstance(rates, Rate):
         return [rates]
     if isinstance(rates, str):
         return parse_rates(rates)
-    out = list(rates)
+    out = (
+        list(rates)
+        if isinstance(rates, Iterable) and not isinstance(rates, (bytes, bytearray, memoryview))
+        else []
+    )
     if not out or not all(isinstance(rate, Rate) for rate in out):
         raise ConfigurationError(
-            f"rates must be a Rate, a rate string or Rate objects, got {rates!r};"
-            f" algorithms: {', '.join(ALGORITHMS)}"
+            f"rates must be a Rate, a rate string or Rate objects, got {rates!r}"
+            f" ({type(rates).__name__}); algorithms: {', '.join(ALGORITHMS)}"
         )
     return out
 

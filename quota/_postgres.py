@@ -759,7 +759,8 @@ class PostgresStore:
             import psycopg
         except ImportError as exc:
             raise ConfigurationError(
-                f"url {url!r} needs psycopg 3 for the sync face: pip install 'quota[postgres]'"
+                f"url {redact(url)!r} needs psycopg 3 for the sync face:"
+                " pip install 'quota[postgres]'"
                 " (or use quota.connect_async() with asyncpg)"
             ) from exc
         check_pooler_options(url, prepared_statements, relaxed, schema)

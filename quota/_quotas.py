@@ -38,7 +38,16 @@ from typing import Any, TypeVar
 
 from quota import _periods, _sql
 from quota import _quota_sql as q
-from quota._core import MAX_LIMIT, MAX_WINDOW, Decision, check_int, decide, display_key, hit_params
+from quota._core import (
+    MAX_LIMIT,
+    MAX_WINDOW,
+    Decision,
+    check_int,
+    check_now,
+    decide,
+    display_key,
+    hit_params,
+)
 from quota._core import retry_after as _retry_after
 from quota._core import stored_key as _stored_key
 from quota._errors import ConfigurationError, QuotaError, StorageError
@@ -62,6 +71,13 @@ MAX_NAME_BYTES = 200
 MAX_IDEMPOTENCY_KEY_BYTES = 255
 #: Attempts at an operation that raced a concurrent refund of its key.
 _ATTEMPTS = 5
+#: The largest quota limit (and cost) accepted, and the most one period may have
+#: granted on top of it. With these bounds every sum the statements compute
+#: (``used + cost``, ``limit + granted``, ``granted + amount``) stays below 2**63,
+#: so it fits PostgreSQL's bigint and stays an INTEGER on SQLite (which turns an
+#: overflowing sum into a REAL that every later statement then chokes on).
+MAX_QUOTA_LIMIT = 2**60
+MAX_QUOTA_GRANTED = 2**61
 
 
 def check_text(argument: str, value: object, max_bytes: int = MAX_NAME_BYTES) -> str:
@@ -234,7 +250,7 @@ class QuotaLimit:
     def __post_init__(self) -> None:
         check_text("subject", self.subject)
         check_text("name", self.name)
-        check_int("limit", self.limit, maximum=MAX_LIMIT)
+        check_int("limit", self.limit, maximum=MAX_QUOTA_LIMIT)
         _periods.load_zone(self.tz, _periods.check_period(self.period))
 
 
@@ -340,6 +356,7 @@ class _Spot:
 
 
 def _spot(subject: object, name: object, period: object, tz: object, now: float) -> _Spot:
+    check_now(now)
     subject = check_text("subject", subject)
     name = check_text("name", name)
     checked = _periods.check_period(period)
@@ -416,7 +433,7 @@ def consume(
     A denial charges nothing. The ledger gets a ``consume`` or ``deny`` row
     in the same transaction. See the module docstring for idempotency.
     """
-    checked_limit = check_int("limit", limit, maximum=MAX_LIMIT)
+    checked_limit = check_int("limit", limit, maximum=MAX_QUOTA_LIMIT)
     checked_cost = check_int("cost", cost, maximum=checked_limit)
     spot = _spot(subject, name, period, tz, now)
     key = _check_key(idempotency_key)
@@ -450,6 +467,7 @@ def _consume(spot: _Spot, limit: int, cost: int, key: str | None, now: float) ->
 
 def refund(subject: object, name: object, idempotency_key: object, now: float) -> Op[RefundResult]:
     """Give back the charge `idempotency_key` holds; a no-op that says so when there is none."""
+    check_now(now)
     return _refund(
         check_text("subject", subject),
         check_text("name", name),
@@ -489,8 +507,13 @@ def _refund(subject: str, name: str, key: str, now: float) -> Op[RefundResult]:
 def grant(
     subject: object, name: object, amount: object, period: object, tz: object, now: float
 ) -> Op[QuotaUsage]:
-    """Add `amount` units to `subject`'s quota `name` for the period holding `now`."""
-    checked_amount = check_int("amount", amount, maximum=MAX_LIMIT)
+    """Add `amount` units to `subject`'s quota `name` for the period holding `now`.
+
+    Raises `ConfigurationError` naming ``amount`` when it is not an int in
+    ``1..MAX_QUOTA_GRANTED``, or when it would take what the period has
+    granted past `MAX_QUOTA_GRANTED` (then nothing is granted).
+    """
+    checked_amount = check_int("amount", amount, maximum=MAX_QUOTA_GRANTED)
     return _grant(_spot(subject, name, period, tz, now), checked_amount, now)
 
 
@@ -500,6 +523,13 @@ def _grant(spot: _Spot, amount: int, now: float) -> Op[QuotaUsage]:
         (spot.subject, spot.name, spot.start, spot.end, spot.period, spot.tz, amount, now),
     )
     used, granted = int(rows[0][0]), int(rows[0][1])
+    if granted > MAX_QUOTA_GRANTED:
+        # Raised inside the transaction: the store rolls the grant back.
+        raise ConfigurationError(
+            f"amount {amount!r} would take what {spot.subject!r} {spot.name!r} has granted"
+            f" this period to {granted}, over the most one period may be granted"
+            f" ({MAX_QUOTA_GRANTED}); nothing was granted"
+        )
     limit = None if rows[0][2] is None else int(rows[0][2])
     remaining = None if limit is None else max(0, limit + granted - used)
     yield (
@@ -515,6 +545,7 @@ def _grant(spot: _Spot, amount: int, now: float) -> Op[QuotaUsage]:
 
 def usage(subject: object, now: float, *, include_ended: object) -> Op[list[QuotaUsage]]:
     """`subject`'s quotas in periods still running (every period with `include_ended`)."""
+    check_now(now)
     if not isinstance(include_ended, bool):
         raise ConfigurationError(f"include_ended must be a bool, got {include_ended!r}")
     if include_ended:
@@ -604,6 +635,7 @@ def cleanup_ledger(
     Run it without a transaction: each batch commits on its own. Usage rows
     are never deleted.
     """
+    check_now(now)
     seconds = check_int("older_than", older_than, maximum=100 * 366 * 86400)
     size = check_int("batch_size", batch_size, maximum=1_000_000)
     if not isinstance(dry_run, bool):
@@ -664,6 +696,7 @@ class _QuotaStep:
 def _steps(
     limits: Sequence[object], cost: object, now: float
 ) -> tuple[list[_RateStep | _QuotaStep], int]:
+    check_now(now)
     if not limits:
         raise ConfigurationError("limits must name at least one RateWindow or QuotaLimit, got ()")
     for limit in limits:

@@ -31,8 +31,9 @@ PostgreSQL advisory locks raise `ConfigurationError`. redis-py is the optional
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -394,12 +395,10 @@ def _no_transactions() -> ConfigurationError:
 
 
 def redact(url: str) -> str:
-    """`url` without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    """`url` without its password, for messages (`quota._url.redact`)."""
+    from quota._url import redact as hide
+
+    return hide(url)
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -439,6 +438,48 @@ def _client_options(timeout: float) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _bad_url(url: str) -> Iterator[None]:
+    """Turn redis-py's (and urllib's) ValueError about `url` into a `ConfigurationError` naming it."""
+    try:
+        yield
+    except ConfigurationError:
+        raise
+    except (ValueError, TypeError) as exc:
+        from quota._url import redact as hide
+
+        detail = str(exc)
+        password = _password(url)
+        if password:
+            detail = detail.replace(password, "***")
+        raise ConfigurationError(
+            f"url {hide(url)!r} is not a valid Redis URL ({detail}); expected"
+            " redis://[:password@]host[:port][/db] (rediss:// for TLS)"
+        ) from None
+
+
+def _password(url: str) -> str:
+    """The text between ``user:`` and the last ``@`` of the host part, if any."""
+    rest = url.partition("://")[2]
+    first_at = rest.find("@")
+    if first_at < 0:
+        return ""
+    slash = rest.find("/", first_at)
+    head = rest if slash < 0 else rest[:slash]
+    return head.rpartition("@")[0].partition(":")[2]
+
+
+def _checked_url(url: str) -> tuple[str, str]:
+    """`split_url`, and a `ConfigurationError` naming `url` (redacted) for a URL that is not one."""
+    with _bad_url(url):
+        target, prefix = split_url(url)
+        parts = urlsplit(target)
+        parts.port  # noqa: B018  (urllib checks the port when it is read)
+        if not parts.hostname:
+            raise ValueError("it names no host")
+    return target, prefix
+
+
 class RedisStore:
     """Sync Redis store on redis-py's connection pool; thread-safe."""
 
@@ -446,13 +487,14 @@ class RedisStore:
 
     def __init__(self, url: str, *, timeout: float = 10.0, db_clock: bool = False) -> None:
         redis = _import_redis(url)
-        target, prefix = split_url(url)
+        target, prefix = _checked_url(url)
         self.url = url
         self.db_clock = db_clock
         self.planner = RedisPlan(prefix=prefix, db_clock=db_clock)
         self._errors = redis.RedisError
         self._no_script = redis.exceptions.NoScriptError
-        self.client = redis.Redis.from_url(target, **_client_options(timeout))
+        with _bad_url(url):
+            self.client = redis.Redis.from_url(target, **_client_options(timeout))
 
     def _command(self, command: Command) -> Any:
         client = self.client
@@ -495,13 +537,14 @@ class AsyncRedisStore:
 
     def __init__(self, url: str, *, timeout: float = 10.0, db_clock: bool = False) -> None:
         redis = _import_redis(url)
-        target, prefix = split_url(url)
+        target, prefix = _checked_url(url)
         self.url = url
         self.db_clock = db_clock
         self.planner = RedisPlan(prefix=prefix, db_clock=db_clock)
         self._errors = redis.RedisError
         self._no_script = redis.exceptions.NoScriptError
-        self.client = redis.asyncio.Redis.from_url(target, **_client_options(timeout))
+        with _bad_url(url):
+            self.client = redis.asyncio.Redis.from_url(target, **_client_options(timeout))
 
     async def _command(self, command: Command) -> Any:
         client = self.client

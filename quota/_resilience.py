@@ -32,6 +32,7 @@ from quota import _sql
 from quota._errors import ConfigurationError, QuotaError, StorageError
 from quota._sql import Named
 from quota._store import AsyncStore, Rows, Statement, SyncStore
+from quota._url import redact
 
 T = TypeVar("T")
 log = logging.getLogger("quota")
@@ -77,7 +78,7 @@ class _Health:
     """Up/down state, the transition log lines, and hits owed to the database."""
 
     def __init__(self, url: str, settings: Fallback) -> None:
-        self.url = url
+        self.url = redact(url)  # for log lines and messages
         self.settings = settings
         self.up = True
         self.since = time.monotonic()

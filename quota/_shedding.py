@@ -25,6 +25,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
@@ -285,7 +286,7 @@ def _env_int(env: Mapping[str, str], name: str, maximum: int) -> int | None:
     if raw is None or not raw.strip():
         return None
     text = raw.strip()
-    if not text.isdigit() or not 1 <= int(text) <= maximum:
+    if not re.fullmatch(r"[0-9]{1,10}", text) or not 1 <= int(text) <= maximum:
         raise ConfigurationError(
             f"{name} must be a whole number between 1 and {maximum}, got {raw!r}"
         )

@@ -83,11 +83,12 @@ class StoreURL:
             return wanted
         if asynchronous:
             raise ConfigurationError(
-                f"url {self.url!r} names the sync driver {self.driver!r}; use quota.connect(url)"
+                f"url {redact(self.url)!r} names the sync driver {self.driver!r};"
+                " use quota.connect(url)"
                 f" for it, or {self.dialect}+{wanted}:// (or no driver) with quota.connect_async()"
             )
         raise ConfigurationError(
-            f"url {self.url!r} names the async driver {self.driver!r}; use"
+            f"url {redact(self.url)!r} names the async driver {self.driver!r}; use"
             f" quota.connect_async(url) for it, or {self.dialect}:// with quota.connect()"
         )
 
@@ -95,7 +96,7 @@ class StoreURL:
         """The URL SQLAlchemy and Alembic use for migrations; `ConfigurationError` without a schema."""
         if self.dialect in SCHEMALESS:
             raise ConfigurationError(
-                f"url {self.url!r} is a {self.dialect} store, which keeps no SQL schema:"
+                f"url {redact(self.url)!r} is a {self.dialect} store, which keeps no SQL schema:"
                 " there is nothing to migrate (migrations are for sqlite:// and postgresql://)"
             )
         if self.dialect == "sqlite":
@@ -149,13 +150,36 @@ def own_parameters(url: str, target: str) -> tuple[str, dict[str, bool | str]]:
     return (f"{base}?{urlencode(kept)}" if kept else base), own
 
 
+#: A password given as a query parameter (libpq's ``password`` and ``sslpassword``).
+_QUERY_PASSWORD = re.compile(r"(?i)(^|[?&;\s])((?:ssl)?pass(?:word|wd)?=)[^&;#\s]*")
+
+
 def redact(url: str) -> str:
-    """`url` without its password, for messages and logs."""
+    """`url` without its password, for messages and logs.
+
+    Never raises. Hides the password of ``scheme://user:password@host`` even
+    when it holds (unencoded) ``@``, ``:``, ``/``, ``?`` or ``#``: everything
+    between the user name and the last ``@`` before the path is the password.
+    A ``password=`` (or ``sslpassword=``) query parameter is hidden too.
+    Text without ``://`` gets the same treatment (``user:pw@host``, or a
+    libpq key/value string with ``password=…``).
+    """
+    if not isinstance(url, str):
+        return repr(url)
     scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at or ":" not in creds:
-        return url
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
+    if not sep:  # not a URL (``user:pw@host`` or ``host=… password=…``): hide the same
+        scheme, rest = "", url
+    first_at = rest.find("@")
+    if first_at >= 0:
+        # The host part ends at the first "/" after an "@" (libpq: credentials never
+        # hold a "/" it understands, so a "/" before the last "@" is still password).
+        slash = rest.find("/", first_at)
+        head, tail = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+        creds, _, host = head.rpartition("@")
+        if ":" in creds:
+            creds = creds.split(":", 1)[0] + ":***"
+        rest = f"{creds}@{host}{tail}"
+    return scheme + sep + _QUERY_PASSWORD.sub(r"\1\2***", rest)
 
 
 def default_url() -> str:
@@ -166,13 +190,16 @@ def default_url() -> str:
 def parse_url(url: object) -> StoreURL:
     """Parse a store URL; raise `ConfigurationError` naming the URL when it is not one."""
     if not isinstance(url, str) or "://" not in url:
+        shown = redact(url) if isinstance(url, str) else url
         raise ConfigurationError(
-            f"url must look like 'scheme://…', got {url!r}; known schemes: {', '.join(KNOWN_SCHEMES)}"
+            f"url must look like 'scheme://…', got {shown!r};"
+            f" known schemes: {', '.join(KNOWN_SCHEMES)}"
         )
     scheme, rest = url.split("://", 1)
     if scheme not in KNOWN_SCHEMES:
         raise ConfigurationError(
-            f"unknown url scheme {scheme!r} in {url!r}; known schemes: {', '.join(KNOWN_SCHEMES)}"
+            f"unknown url scheme {scheme!r} in {redact(url)!r};"
+            f" known schemes: {', '.join(KNOWN_SCHEMES)}"
         )
     if scheme == "memory":
         return StoreURL(url, "memory", None, rest)
@@ -187,7 +214,7 @@ def parse_url(url: object) -> StoreURL:
         path = path.split("?", 1)[0]
         if not path or path == ":memory:" or path.startswith("file::memory:"):
             raise ConfigurationError(
-                f"url {url!r} is an in-memory SQLite database, which every connection sees"
+                f"url {redact(url)!r} is an in-memory SQLite database, which every connection sees"
                 " empty; give a file path, e.g. sqlite:///quota.sqlite3"
             )
         return StoreURL(url, "sqlite", driver or None, path)

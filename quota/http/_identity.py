@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,10 @@ TRUSTED = "trusted"
 KEY_ID_HEADER = "x-quota-key-id"
 TIMESTAMP_HEADER = "x-quota-timestamp"
 SIGNATURE_HEADER = "x-quota-signature"
+
+#: A timestamp header as `sign` writes it: whole epoch seconds in ASCII digits
+#: (fifteen of them reach far past any clock).
+_TIMESTAMP = re.compile(r"[0-9]{1,15}")
 
 #: Why a signature was not accepted; each is counted in the metrics.
 HMAC_REASONS = ("malformed", "unknown_key", "expired", "bad_signature")
@@ -214,21 +219,30 @@ def verify_signature(
     given = headers.get(SIGNATURE_HEADER)
     if key_id is None and stamp is None and given is None:
         return None, None
-    stamp = (stamp or "").strip()
-    # A bound on the digits: int() of a huge string raises, and an exception
-    # here must not become a way around the limiter.
-    if not key_id or not given or not stamp.lstrip("-").isdigit() or len(stamp) > 20:
+    # Exactly what `sign` sends: ASCII digits, a bounded number of them. An
+    # exception here would be a limiter failure, and fail-open would let the
+    # request through uncounted; ``str.isdigit`` takes '²' (int() refuses it)
+    # and '\u0661\u0660' (int() reads 10), and int() of thousands of digits raises.
+    if (
+        not isinstance(key_id, str)
+        or not key_id
+        or not isinstance(given, str)
+        or not given
+        or not isinstance(stamp, str)
+        or not _TIMESTAMP.fullmatch(stamp)
+    ):
         return None, "malformed"
     secret = keys.get(key_id)
     if secret is None:
         return None, "unknown_key"
     if abs(int(now) - int(stamp)) > window:  # timestamps are whole seconds
         return None, "expired"
-    expected = hmac.new(secret, signature_message(key_id, method, path, stamp), "sha256")
     try:
+        message = signature_message(key_id, method, path, stamp)
         given_bytes = bytes.fromhex(given.strip())
-    except ValueError:
+    except ValueError:  # UnicodeEncodeError (a lone surrogate) is one too
         return None, "malformed"
+    expected = hmac.new(secret, message, "sha256")
     if not hmac.compare_digest(expected.digest(), given_bytes):
         return None, "bad_signature"
     return key_id, None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from quota._algorithms import ALGORITHMS, Rate, check_algorithm
+from quota._core import MAX_LIMIT, MAX_WINDOW
 from quota._errors import ConfigurationError
 from quota._policy import parse_rates
 from quota.http._identity import ANON, AUTH, TRUSTED, Network, parse_networks
@@ -47,6 +48,11 @@ DEFAULT_PLAN_SCALES: Mapping[str, float] = {"enterprise": 3.0, "pro": 1.5, "free
 DEFAULT_PRESSURE_FACTORS: Mapping[str, float] = {"staff": 0.85, AUTH: 0.7, ANON: 0.55}
 #: Tiers pressure never lowers.
 DEFAULT_PRESSURE_EXEMPT = frozenset({"admin", TRUSTED})
+#: Bounds of every tier multiplier, plan scale and pressure factor (pressure
+#: factors are at most 1). Within them a request's combined factor stays in
+#: 1e-9..1e6, so a scaled limit is a finite number `scale_rate` can clamp.
+MIN_FACTOR = 0.001
+MAX_FACTOR = 1000.0
 
 Rates = tuple[Rate, ...]
 
@@ -100,7 +106,7 @@ def compile_paths(name: str, patterns: Sequence[str]) -> re.Pattern[str]:
         if pattern.startswith("re:"):
             try:
                 re.compile(pattern[3:])
-            except re.error as exc:
+            except (re.error, OverflowError, RecursionError) as exc:
                 raise ConfigurationError(
                     f"{name}: bad regular expression {pattern!r}: {exc}"
                 ) from exc
@@ -110,7 +116,15 @@ def compile_paths(name: str, patterns: Sequence[str]) -> re.Pattern[str]:
                 parts.append(_segment_pattern(pattern))
             except ConfigurationError as exc:
                 raise ConfigurationError(f"{name}: {exc}") from exc
-    return re.compile("^(?:" + "|".join(parts) + ")$")
+    try:
+        return re.compile("^(?:" + "|".join(parts) + ")$")
+    except (re.error, OverflowError, RecursionError) as exc:
+        # Each compiles alone, but not together: a group name used twice, or
+        # inline flags such as (?i) that must open the whole expression.
+        raise ConfigurationError(
+            f"{name}: the patterns {list(patterns)!r} do not combine into one regular"
+            f" expression: {exc}"
+        ) from exc
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
@@ -201,7 +215,18 @@ class RoutePolicy:
         return pattern.match(path) is not None
 
 
-def _check_factors(name: str, value: object, *, allow_zero: bool = False) -> dict[str, float]:
+def _utf8(name: str, text: str) -> bytes:
+    """`text` (a secret) as UTF-8; `ConfigurationError` naming `name` for lone surrogates."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            f"{name} must be text that encodes as UTF-8 (it holds a lone surrogate,"
+            " as os.environ makes of bytes that are not UTF-8)"
+        ) from None
+
+
+def _check_factors(name: str, value: object, *, maximum: float = MAX_FACTOR) -> dict[str, float]:
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"{name} must be a mapping of name to number, got {value!r}")
     out = {}
@@ -209,11 +234,12 @@ def _check_factors(name: str, value: object, *, allow_zero: bool = False) -> dic
         if (
             isinstance(factor, bool)
             or not isinstance(factor, (int, float))
-            or not math.isfinite(factor)
-            or factor < 0
-            or (factor == 0 and not allow_zero)
+            or not MIN_FACTOR <= factor <= maximum  # NaN fails this too
         ):
-            raise ConfigurationError(f"{name}[{key!r}] must be a positive number, got {factor!r}")
+            raise ConfigurationError(
+                f"{name}[{key!r}] must be a number between {MIN_FACTOR:g} and {maximum:g},"
+                f" got {factor!r}"
+            )
         out[str(key)] = float(factor)
     return out
 
@@ -304,7 +330,7 @@ class HttpConfig:
         secret = self.hash_secret
         if secret is not None:
             if isinstance(secret, str):
-                secret = secret.encode()
+                secret = _utf8("hash_secret", secret)
             if not isinstance(secret, bytes) or len(secret) < 16:
                 raise ConfigurationError(
                     "hash_secret must be at least 16 bytes (e.g. `python -c 'import secrets;"
@@ -314,7 +340,7 @@ class HttpConfig:
         object.__setattr__(self, "_secret", secret)
         keys = {}
         for key_id, key in dict(self.hmac_keys).items():
-            raw = key.encode() if isinstance(key, str) else key
+            raw = _utf8(f"hmac_keys[{key_id!r}]", key) if isinstance(key, str) else key
             if (
                 not isinstance(key_id, str)
                 or not key_id
@@ -464,21 +490,34 @@ def _bool(name: str, text: str) -> bool:
     raise ConfigurationError(f"${name} must be true or false, got {text!r}")
 
 
-def _int(name: str, text: str, minimum: int = 1) -> int:
+#: Only ASCII digits: ``str.isdigit`` also takes ``'²'`` (which `int` refuses) and
+#: ``'\u0661\u0660'`` (which `int` and `float` read as 10). Digits are few enough for `int`.
+_WHOLE = re.compile(r"[0-9]{1,19}")
+_DECIMAL = re.compile(r"(?:[0-9]{1,19}(?:\.[0-9]{0,19})?|\.[0-9]{1,19})(?:[eE][+-]?[0-9]{1,3})?")
+
+
+def _int(name: str, text: str, minimum: int = 1, maximum: int = MAX_LIMIT) -> int:
+    """``$name``'s whole number in ``minimum..maximum``; `ConfigurationError` naming it otherwise."""
     value = text.strip()
-    if not value.isdigit() or int(value) < minimum:
-        raise ConfigurationError(f"${name} must be a whole number >= {minimum}, got {text!r}")
+    if not _WHOLE.fullmatch(value) or not minimum <= int(value) <= maximum:
+        raise ConfigurationError(
+            f"${name} must be a whole number between {minimum} and {maximum}, got {text!r}"
+        )
     return int(value)
 
 
-def _float(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigurationError(f"${name} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigurationError(f"${name} must be a non-negative number, got {text!r}")
-    return value
+def _float(name: str, text: str, *, minimum: float = 0.0, maximum: float = float(MAX_LIMIT),
+           exclusive: bool = False) -> float:  # fmt: skip
+    """``$name``'s decimal number in ``minimum..maximum`` (above `minimum` when `exclusive`)."""
+    value = text.strip()
+    number = float(value) if _DECIMAL.fullmatch(value) else math.nan
+    low_ok = number > minimum if exclusive else number >= minimum
+    if not (low_ok and number <= maximum):  # NaN (not a number) fails both
+        low = f"above {minimum:g}" if exclusive else f"at least {minimum:g}"
+        raise ConfigurationError(
+            f"${name} must be a decimal number {low} and at most {maximum:g}, got {text!r}"
+        )
+    return number
 
 
 def _pairs(name: str, text: str, sep: str) -> dict[str, str]:
@@ -512,29 +551,35 @@ def _env_key(name: str) -> str:
     return re.sub(r"[^A-Z0-9]", "_", name.upper())
 
 
+def _window_sec(env: Mapping[str, str]) -> int:
+    """``$RATE_LIMIT_WINDOW_SEC``: the window of every ``RATE_LIMIT_*_PER_MIN`` limit (60)."""
+    found = _get(env, "RATE_LIMIT_WINDOW_SEC")
+    return _int(*found, maximum=MAX_WINDOW) if found else 60
+
+
 def _policy_from_env(env: Mapping[str, str], policy: RoutePolicy) -> RoutePolicy:
     key = _env_key(policy.name)
     changes: dict[str, Any] = {}
-    window_var = _get(env, "RATE_LIMIT_WINDOW_SEC")
-    window = _int(*window_var) if window_var else 60
+    used: list[str] = []  # the variables behind `changes`, for the message of a refusal
+    window = _window_sec(env)
+    algorithm = policy.algorithm or "fixed_window"
     found = _get(env, f"QUOTA_POLICY_{key}_RATES")
     if found:
         changes["rates"] = _env_rates(*found, policy.algorithm)
     elif found := _get(env, f"RATE_LIMIT_{key}_PER_MIN"):
-        changes["rates"] = (
-            Rate(limit=_int(*found), window=window, algorithm=policy.algorithm or "fixed_window"),
-        )
+        changes["rates"] = (Rate(limit=_int(*found), window=window, algorithm=algorithm),)
+    used += [found[0]] if found else []
     tiers = dict(policy.tier_rates)
     if found := _get(env, f"QUOTA_POLICY_{key}_AUTHED_RATES"):
         tiers[AUTH] = _env_rates(*found, policy.algorithm)
     elif found := _get(env, f"RATE_LIMIT_{key}_AUTHED_PER_MIN"):
-        tiers[AUTH] = (
-            Rate(limit=_int(*found), window=window, algorithm=policy.algorithm or "fixed_window"),
-        )
+        tiers[AUTH] = (Rate(limit=_int(*found), window=window, algorithm=algorithm),)
+    used += [found[0]] if found else []
     if tiers != dict(policy.tier_rates):
         changes["tier_rates"] = tiers
     if found := _get(env, f"QUOTA_POLICY_{key}_COST"):
         changes["cost"] = _int(*found)
+        used.append(found[0])
     if found := _get(env, f"QUOTA_POLICY_{key}_FAIL_OPEN"):
         changes["fail_open"] = _bool(*found)
     if not changes:
@@ -542,7 +587,25 @@ def _policy_from_env(env: Mapping[str, str], policy: RoutePolicy) -> RoutePolicy
     try:
         return replace(policy, **changes)
     except ConfigurationError as exc:
-        raise ConfigurationError(f"environment for route class {policy.name!r}: {exc}") from exc
+        names = ", ".join(f"${name}" for name in used) or "the environment"
+        raise ConfigurationError(f"{names} for route class {policy.name!r}: {exc}") from exc
+
+
+def _bucket_from_env(env: Mapping[str, str]) -> Rates | None:
+    """The default class as a token bucket: ``$RATE_LIMIT_CAPACITY`` and its window and refill.
+
+    The window and refill variables are checked whenever they are set, so a
+    malformed one fails at start-up even where no capacity uses it.
+    """
+    window_ms = _get(env, "RATE_LIMIT_WINDOW_MS")
+    window = max(1, round(_int(*window_ms, maximum=MAX_WINDOW * 1000) / 1000)) if window_ms else 60
+    refill = _get(env, "RATE_LIMIT_REFILL_PER_SEC")
+    refill_rate = _float(*refill, exclusive=True) if refill else None
+    found = _get(env, "RATE_LIMIT_CAPACITY", "RATE_LIMIT_MAX_REQUESTS")
+    if not found:
+        return None
+    return (Rate(limit=_int(*found), window=window, algorithm="token_bucket",
+                 refill_per_second=refill_rate),)  # fmt: skip
 
 
 def _default_from_env(env: Mapping[str, str], default: RoutePolicy | None) -> RoutePolicy | None:
@@ -554,18 +617,11 @@ def _default_from_env(env: Mapping[str, str], default: RoutePolicy | None) -> Ro
             )
         algorithm = found[1]
     rates: Rates | None = None
+    bucket = _bucket_from_env(env)
     if found := _get(env, "QUOTA_RATES"):
         rates = _env_rates(*found, algorithm)
-    elif found := _get(env, "RATE_LIMIT_CAPACITY", "RATE_LIMIT_MAX_REQUESTS"):
-        capacity = _int(*found)
-        window_ms = _get(env, "RATE_LIMIT_WINDOW_MS")
-        window = max(1, round(_int(*window_ms) / 1000)) if window_ms else 60
-        refill = _get(env, "RATE_LIMIT_REFILL_PER_SEC")
-        refill_rate = _float(*refill) if refill else None
-        if refill_rate == 0:
-            raise ConfigurationError(f"${refill[0] if refill else ''} must be positive")
-        rates = (Rate(limit=capacity, window=window, algorithm="token_bucket",
-                      refill_per_second=refill_rate),)  # fmt: skip
+    elif bucket is not None:
+        rates = bucket
     authed = _get(env, "QUOTA_AUTHED_RATES")
     fail_open = _get(env, "QUOTA_FAIL_OPEN")
     if rates is None and default is None:
@@ -590,7 +646,11 @@ def _default_from_env(env: Mapping[str, str], default: RoutePolicy | None) -> Ro
 
 
 def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`settings` with the environment's values laid over them; see `ENV_VARS`."""
+    """`settings` with the environment's values laid over them; see `ENV_VARS`.
+
+    Every variable set is checked, used or not: a malformed one raises
+    `ConfigurationError` naming it and its value.
+    """
     out = dict(settings)
     booleans = {
         "enabled": ("QUOTA_ENABLED", "RATE_LIMIT_ENABLED"),
@@ -612,25 +672,25 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
         parse_networks(f"${found[0]}", found[1])
         out["trusted_proxies"] = tuple(p.strip() for p in found[1].split(",") if p.strip())
     if found := _get(env, "QUOTA_HASH_SECRET", "RATE_LIMIT_SECRET"):
-        if len(found[1].encode()) < 16:
+        if len(_utf8(f"${found[0]}", found[1])) < 16:
             raise ConfigurationError(f"${found[0]} must be at least 16 bytes long")
         out["hash_secret"] = found[1]
     keys = dict(out.get("hmac_keys", {}))
     if found := _get(env, "QUOTA_HMAC_KEYS"):
         for key_id, secret in _pairs(found[0], found[1], ":").items():
-            if len(secret.encode()) < 16:
+            if len(_utf8(f"${found[0]}", secret)) < 16:
                 raise ConfigurationError(
                     f"${found[0]}: the secret of key id {key_id!r} must be at least 16 bytes"
                 )
             keys[key_id] = secret
     if found := _get(env, "AGENT_HMAC_SECRET"):
-        if len(found[1].encode()) < 16:
+        if len(_utf8(f"${found[0]}", found[1])) < 16:
             raise ConfigurationError(f"${found[0]} must be at least 16 bytes long")
         keys["default"] = found[1]
     if keys:
         out["hmac_keys"] = keys
     if found := _get(env, "QUOTA_HMAC_WINDOW"):
-        out["hmac_window"] = _int(*found)
+        out["hmac_window"] = _int(*found, maximum=3600)
     for setting, name in (("tier_multipliers", "QUOTA_TIER_MULTIPLIERS"),
                           ("plan_scales", "QUOTA_PLAN_SCALES")):  # fmt: skip
         if found := _get(env, name):
@@ -643,9 +703,9 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
                 )
             )
             for key, value in _pairs(found[0], found[1], "=").items():
-                base[key] = _float(found[0], value)
-                if base[key] == 0:
-                    raise ConfigurationError(f"${found[0]}: {key} must be positive")
+                base[key] = _float(
+                    f"{found[0]} ({key})", value, minimum=MIN_FACTOR, maximum=MAX_FACTOR
+                )
             out[setting] = base
     if found := _get(env, "QUOTA_HEADERS"):
         if found[1].strip() not in HEADER_STYLES:
@@ -654,13 +714,18 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
             )
         out["headers"] = found[1].strip()
     if found := _get(env, "QUOTA_POLICY_CACHE_SECONDS"):
-        out["policy_cache_seconds"] = _float(*found)
+        out["policy_cache_seconds"] = _float(*found, maximum=3600)
     if found := _get(env, "QUOTA_KEY_PREFIX"):
+        if not _NAME.match(found[1].strip()):
+            raise ConfigurationError(
+                f"${found[0]} must be 1-40 of [A-Za-z0-9_.-], got {found[1]!r}"
+            )
         out["key_prefix"] = found[1].strip()
     policies = out.get("policies", ())
     for policy in policies:
         if not isinstance(policy, RoutePolicy):
             raise ConfigurationError(f"policies must be RoutePolicy objects, got {policy!r}")
+    _window_sec(env)  # checked even when no route class reads it
     out["policies"] = tuple(_policy_from_env(env, p) for p in policies)
     out["default"] = _default_from_env(env, out.get("default"))
     if out["default"] is not None:
@@ -671,11 +736,26 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
 # -- scaling ------------------------------------------------------------------------
 
 
+def _scaled(value: int, factor: float, floor: int) -> int:
+    """`value` x `factor`, rounded down, kept within ``floor..MAX_LIMIT``."""
+    product = value * factor + 1e-9
+    if not product < MAX_LIMIT:  # also NaN: never an exception per request
+        return MAX_LIMIT
+    return min(MAX_LIMIT, max(floor, math.floor(product)))
+
+
 def scale_rate(rate: Rate, factor: float, floor: int) -> Rate:
-    """`rate` with its limit, burst and refill multiplied by `factor`, limits at least `floor`."""
-    limit = max(floor, math.floor(rate.limit * factor + 1e-9))
-    burst = None if rate.burst is None else max(floor, math.floor(rate.burst * factor + 1e-9))
-    refill = None if rate.refill_per_second is None else rate.refill_per_second * factor
+    """`rate` with its limit, burst and refill multiplied by `factor`, limits at least `floor`.
+
+    Limits stay within ``floor..MAX_LIMIT`` and a refill that would leave the
+    positive finite numbers stays as it was: a configuration that validated
+    never makes a request fail here.
+    """
+    limit = _scaled(rate.limit, factor, floor)
+    burst = None if rate.burst is None else _scaled(rate.burst, factor, floor)
+    refill = rate.refill_per_second
+    if refill is not None and 0 < refill * factor < math.inf:
+        refill *= factor
     return replace(rate, limit=limit, burst=burst, refill_per_second=refill)
 
 
