@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from quota._algorithms import FIXED_WINDOW, GCRA, SLIDING_WINDOW, TOKEN_BUCKET, Rate
 from quota._core import Decision
+from quota._errors import ConfigurationError
 from quota.http._identity import RequestInfo
 
 Headers = list[tuple[str, str]]
@@ -278,3 +279,97 @@ def _with_body_headers(headers: Headers, length: int) -> tuple[tuple[str, str], 
         ("Cache-Control", "no-store"),
         *headers,
     )
+
+
+# -- CORS on the answers the middleware makes itself ----------------------------
+
+#: What `CorsOrigins.of` accepts: ``"*"``, origins (``https://app.example``), or
+#: an object with a CORS middleware's ``is_allowed_origin(origin)``,
+#: ``allow_all_origins`` and ``allow_credentials`` (Starlette's).
+CorsSetting = str | Sequence[str] | object
+
+
+@dataclass(frozen=True, slots=True)
+class CorsOrigins:
+    """The origins whose browser code may read a 429 or 503 the middleware answers itself."""
+
+    origins: frozenset[str]
+    any_origin: bool = False
+    credentials: bool = False
+    allowed: Callable[[str], bool] | None = None
+
+    @classmethod
+    def of(cls, setting: CorsSetting | None) -> CorsOrigins | None:
+        """``"*"``, a list of origins, or a CORS middleware to follow; None: none."""
+        if setting is None:
+            return None
+        if isinstance(setting, str):
+            setting = [setting]
+        is_allowed = getattr(setting, "is_allowed_origin", None)
+        if callable(is_allowed):
+            return cls(
+                frozenset(), bool(getattr(setting, "allow_all_origins", False)),
+                bool(getattr(setting, "allow_credentials", False)), is_allowed,
+            )  # fmt: skip
+        if not isinstance(setting, Sequence) or not all(isinstance(o, str) for o in setting):
+            raise ConfigurationError(
+                f'cors_origins must be "*" or a list of origins, got {setting!r}'
+            )
+        origins = frozenset(o.rstrip("/") for o in setting)
+        return cls(origins - {"*"}, "*" in origins)
+
+    def grant(self, origin: str) -> Headers:
+        """The ``Access-Control-Allow-*`` headers for a request from `origin` (none if not allowed)."""
+        if self.allowed is not None:
+            if not self.allowed(origin):
+                return []
+        elif not self.any_origin and origin not in self.origins:
+            return []
+        if self.any_origin and not self.credentials:
+            return [("Access-Control-Allow-Origin", "*")]
+        out = [("Access-Control-Allow-Origin", origin)]
+        if self.credentials:
+            out.append(("Access-Control-Allow-Credentials", "true"))
+        return out
+
+
+def is_preflight(method: str, headers: Mapping[str, str]) -> bool:
+    """A CORS preflight: ``OPTIONS`` with ``Origin`` and ``Access-Control-Request-Method``."""
+    return (
+        method == "OPTIONS" and "origin" in headers and "access-control-request-method" in headers
+    )
+
+
+def with_cors(
+    response: HttpResponse, origin: str, cors: CorsOrigins | None, *, exposing: bool
+) -> HttpResponse:
+    """A denial answered to a cross-origin request, made readable by browser code.
+
+    Adds ``Access-Control-Allow-Origin`` (and ``Vary: Origin``) when `cors`
+    allows `origin`, and, when `exposing`, the rate-limit headers and
+    Retry-After to ``Access-Control-Expose-Headers``. Headers the response
+    (a response factory's) already carries are kept.
+    """
+    headers = list(response.headers)
+    names = {name.lower() for name, _ in headers}
+    added: Headers = []
+    if cors is not None and "access-control-allow-origin" not in names:
+        grant = cors.grant(origin)
+        added += grant
+        if grant and grant[0][1] != "*":
+            vary = [v for k, v in headers if k.lower() == "vary"]
+            if not any("origin" in v.lower() or "*" in v for v in vary):
+                added.append(("Vary", "Origin"))
+    if exposing:
+        ours = [(n, v) for n, v in headers if n.lower() in _EXPOSED]
+        existing = [v for k, v in headers if k.lower() == "access-control-expose-headers"]
+        value = expose(ours, ", ".join(existing) or None)
+        if not existing or value != ", ".join(existing):
+            headers = [(k, v) for k, v in headers if k.lower() != "access-control-expose-headers"]
+            added.append(("Access-Control-Expose-Headers", value))
+    if not added:
+        return response
+    return HttpResponse(response.status, (*headers, *added), response.body)
+
+
+_EXPOSED = frozenset(n.lower() for n in EXPOSE_HEADERS)

@@ -20,7 +20,15 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from typing import Any
 from urllib.parse import quote
 
@@ -37,7 +45,14 @@ from quota.http._core import (
 )
 from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
 from quota.http._policy import DEFAULT_POLICY, HttpConfig, Plans
-from quota.http._responses import HttpResponse, ResponseFactory, expose
+from quota.http._responses import (
+    CorsOrigins,
+    HttpResponse,
+    ResponseFactory,
+    expose,
+    is_preflight,
+    with_cors,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -170,6 +185,17 @@ async def decide(guard: Guard, limiters: Limiters, request: RequestInfo) -> Verd
     return await drive_async(guard.flow(request), effects[1], effects[2])
 
 
+def find_cors(app: Any) -> CorsOrigins | None:
+    """The origins of a CORS middleware inside `app`'s chain of ``.app`` wrappers (Starlette's)."""
+    for _ in range(32):
+        if app is None:
+            return None
+        if callable(getattr(app, "is_allowed_origin", None)) and hasattr(app, "allow_all_origins"):
+            return CorsOrigins.of(app)
+        app = getattr(app, "app", None)
+    return None
+
+
 def _pairs(response: HttpResponse) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
 
@@ -210,6 +236,14 @@ class QuotaMiddleware:
     `response_factory`, `plans` (tenant plan cache), `pressure` (adaptive
     capacity source), `clock`, `observer` (metrics events). Raises
     `ConfigurationError` at construction for bad settings.
+
+    CORS works in either order: preflights (``OPTIONS`` with ``Origin`` and
+    ``Access-Control-Request-Method``) pass through uncounted, and a 429/503
+    quota answers itself carries ``Access-Control-Allow-Origin`` for the
+    origins in `cors_origins` (``"*"`` or a list). With the default None the
+    middleware follows a CORS middleware it wraps (Starlette's
+    ``CORSMiddleware`` added *before* quota), else adds no grant; ``()`` never
+    grants.
     """
 
     def __init__(
@@ -226,8 +260,10 @@ class QuotaMiddleware:
         pressure: Callable[[], float] | None = None,
         clock: Callable[[], float] | None = None,
         observer: ObserverLike | None = None,
+        cors_origins: str | Sequence[str] | None = None,
     ) -> None:
         self.app = app
+        self.cors = find_cors(app) if cors_origins is None else CorsOrigins.of(cors_origins)
         self.limiters = Limiters(limiter, url)
         self.guard = build_guard(
             self.limiters, config, identify=identify, token_validator=token_validator,
@@ -243,9 +279,19 @@ class QuotaMiddleware:
                 receive = self._closing_receive(receive)
             await self.app(scope, receive, send)
             return
-        verdict = await decide(self.guard, self.limiters, asgi_request(scope))
-        if verdict.response is not None:
-            await send_response(send, verdict.response)
+        request = asgi_request(scope)
+        if is_preflight(request.method, request.headers):
+            # The CORS middleware (or the app) answers it; a browser's own check costs nothing.
+            await self.app(scope, receive, send)
+            return
+        verdict = await decide(self.guard, self.limiters, request)
+        response = verdict.response
+        if response is not None:
+            origin = request.headers.get("origin")
+            if origin is not None:
+                exposing = self.guard.config.expose_headers
+                response = with_cors(response, origin, self.cors, exposing=exposing)
+            await send_response(send, response)
             return
         if not verdict.headers:
             await self.app(scope, receive, send)

@@ -13,7 +13,7 @@ Imports no web framework.
 from __future__ import annotations
 
 import http
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -22,7 +22,7 @@ from quota._url import default_url, parse_url
 from quota.http._core import Guard, ObserverLike, Verdict, drive_sync, sync_effects
 from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
 from quota.http._policy import DEFAULT_POLICY, HttpConfig, Plans
-from quota.http._responses import ResponseFactory, expose
+from quota.http._responses import CorsOrigins, ResponseFactory, expose, with_cors
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -78,6 +78,11 @@ class QuotaWSGIMiddleware:
     `limiter` is a sync `quota.Limiter`; without one, the middleware opens
     one with group commit (``batching=True``) on `url` (default
     ``$QUOTA_DATABASE_URL``, else the embedded SQLite file). Thread-safe.
+
+    CORS preflights pass through uncounted (flask-cors or the app answers
+    them); a CORS extension runs inside the app, so quota's own 429/503 only
+    carry ``Access-Control-Allow-Origin`` for the origins in `cors_origins`
+    (``"*"`` or a list; default None: no grant).
     """
 
     def __init__(
@@ -94,8 +99,10 @@ class QuotaWSGIMiddleware:
         pressure: Callable[[], float] | None = None,
         clock: Callable[[], float] | None = None,
         observer: ObserverLike | None = None,
+        cors_origins: str | Sequence[str] | None = None,
     ) -> None:
         self.app = app
+        self.cors = CorsOrigins.of(cors_origins)
         if limiter is None:
             url = url or default_url()
             parse_url(url)
@@ -115,9 +122,20 @@ class QuotaWSGIMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if not self.guard.config.enabled:
             return self.app(environ, start_response)
-        verdict = drive_sync(self.guard.flow(wsgi_request(environ)), *self._effects)
+        if (
+            environ.get("REQUEST_METHOD") == "OPTIONS"
+            and "HTTP_ORIGIN" in environ
+            and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
+        ):  # a CORS preflight: flask-cors or the app answers it, uncounted
+            return self.app(environ, start_response)
+        request = wsgi_request(environ)
+        verdict = drive_sync(self.guard.flow(request), *self._effects)
         response = verdict.response
         if response is not None:
+            origin = request.headers.get("origin")
+            if origin is not None:
+                exposing = self.guard.config.expose_headers
+                response = with_cors(response, origin, self.cors, exposing=exposing)
             start_response(status_line(response.status), list(response.headers))
             return [response.body]
         if not verdict.headers:
