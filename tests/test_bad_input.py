@@ -221,14 +221,15 @@ def test_a_signature_over_a_padded_timestamp_is_not_trusted() -> None:
     assert verify_signature(headers, "GET", "/api", NOW, KEYS, 300)[0] is None
 
 
-@pytest.mark.parametrize("stamp", ["--1", "²"])
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize(
+    ("framework", "stamp"),
+    # httpx (Starlette's test client) sends header values as ASCII only: '²' goes by Flask.
+    [(framework, "--1") for framework in FRAMEWORKS] + [("flask", "²")],
+)
 def test_a_malformed_timestamp_is_counted_as_anon_not_let_through(
     framework: str, sqlite_url: str, clock: Clock, stamp: str
 ) -> None:
     """An exception in identity was a limiter failure: fail-open let the request through uncounted."""
-    if framework == "starlette" and not stamp.isascii():
-        pytest.skip("httpx sends header values as ASCII")
     quota.migrate(sqlite_url)
     config = HttpConfig(
         policies=[RoutePolicy(name="api", paths=["/api"], rates="1/minute")],
