@@ -449,46 +449,25 @@ def run_bench(
                 rate = _bench_quotas.measure(
                     scenario, side, face, parsed, base_url, concurrency, keys, duration
                 )
-            elif fallback:
-                on = side == "quota"
+            elif fallback or side == "quota":
+                # With `fallback`, both sides are quota: without one, then with one.
+                on = fallback and side == "quota"
                 rate = (
                     _sync_quota(
-                        base_url,
-                        concurrency,
-                        keys,
-                        duration,
-                        algorithm,
-                        fallback=on,
+                        base_url, concurrency, keys, duration, algorithm, fallback=on,
                         pool_size=pool_size,
                     )
                     if face == "sync"
                     else asyncio.run(
                         _async_quota(
-                            base_url,
-                            concurrency,
-                            keys,
-                            duration,
-                            algorithm,
-                            fallback=on,
+                            base_url, concurrency, keys, duration, algorithm, fallback=on,
                             pool_size=pool_size,
                         )
                     )
-                )
+                )  # fmt: skip
             elif face == "sync":
-                rate = (
-                    _sync_bare(parsed, concurrency, keys, duration)
-                    if side == "bare"
-                    else _sync_quota(
-                        base_url, concurrency, keys, duration, algorithm, pool_size=pool_size
-                    )
-                )
+                rate = _sync_bare(parsed, concurrency, keys, duration)
             else:
-                rate = asyncio.run(
-                    _async_bare(parsed, concurrency, keys, duration)
-                    if side == "bare"
-                    else _async_quota(
-                        base_url, concurrency, keys, duration, algorithm, pool_size=pool_size
-                    )
-                )
+                rate = asyncio.run(_async_bare(parsed, concurrency, keys, duration))
             (report.bare if side == "bare" else report.quota).append(rate)
     return report

@@ -703,13 +703,20 @@ class _Watchdog:
                 self._thread.start()
 
     def _loop(self) -> None:
+        quiet = 0  # ticks in a row with nothing in flight
         while not self._closed:
-            if not self._due:
-                self._busy.clear()
-                if not self._due:  # registered between the look and the clear: go round
-                    self._busy.wait()
-                continue
             time.sleep(self._budget / 4)
+            if not self._due:
+                # Only after a whole quiet tick: under load calls come and go between
+                # ticks, and waking this thread for each would cost every call.
+                quiet += 1
+                if quiet >= 2:
+                    self._busy.clear()
+                    if not self._due:  # registered between the look and the clear: go round
+                        self._busy.wait()
+                    quiet = 0
+                continue
+            quiet = 0
             now = time.monotonic()
             for key, (conn, due, cancelled) in list(self._due.items()):
                 if due > now:

@@ -43,7 +43,8 @@ class Fallback:
     """Fail-open settings; pass ``fallback=Fallback(...)`` (or ``True``) to `quota.connect`."""
 
     timeout: float = 0.05
-    """Seconds one store call may take before memory decides instead."""
+    """Seconds one store call may take before memory decides instead (a store that gives
+    no answer at all is given up at twice this)."""
     probe_interval: float = 1.0
     """Seconds between attempts to reach a store that is down."""
     max_keys: int = 100_000
