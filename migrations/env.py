@@ -6,8 +6,15 @@ which may hand in a connection via ``config.attributes["connection"]``.
 Logging is left to the caller: no ``fileConfig`` here.
 """
 
+from typing import TYPE_CHECKING, cast
+
 from alembic import context
 
 from quota._migrate import run_env
 
-run_env(context)
+if TYPE_CHECKING:
+    from alembic.runtime.environment import EnvironmentContext
+
+# ``alembic.context`` is a module that proxies the running EnvironmentContext's
+# methods and ``config``: typed as that context.
+run_env(cast("EnvironmentContext", context))

@@ -305,7 +305,14 @@ WAL_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 def _busy(exc: sqlite3.Error) -> bool:
     """True for "database is locked" (SQLITE_BUSY and its extended codes)."""
-    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # Python 3.10: no error codes on exceptions, only the message
+        return "database is locked" in str(exc)
+    return bool(code & 0xFF == _SQLITE_BUSY)
+
+
+#: ``sqlite3.SQLITE_BUSY`` (the constant is missing before Python 3.11).
+_SQLITE_BUSY = 5
 
 
 class AsyncSQLiteStore:

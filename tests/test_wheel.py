@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
+WEEK = 7 * 24 * 3600
 
 #: pip output meaning "no package index reachable", as opposed to a broken package.
 _NO_INDEX = (
@@ -109,11 +111,15 @@ def test_the_installed_wheel_migrates_and_rate_limits(wheel: Path, tmp_path: Pat
     migrated = _run([quota_cmd, "--url", url, "migrate"], cwd=tmp_path)
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
 
-    allowed = _run(
-        [quota_cmd, "--url", url, "hit", "k", "--limit", "1", "--window", "60"], cwd=tmp_path
-    )
+    # Windows are aligned to the epoch, so two hits on the real clock can fall in
+    # two windows. A window of about a week whose current one has more than an
+    # hour left cannot straddle a boundary between the two hits (at most 300 s
+    # each): each second added to the length moves `now % window` back by
+    # `now // window` (thousands of seconds), so one is found in a few steps.
+    now = int(time.time())
+    window = next(w for w in range(WEEK, 2 * WEEK) if w - now % w > 3600)
+    hit = ["--url", url, "hit", "k", "--limit", "1", "--window", str(window)]
+    allowed = _run([quota_cmd, *hit], cwd=tmp_path)
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
-    denied = _run(
-        [quota_cmd, "--url", url, "hit", "k", "--limit", "1", "--window", "60"], cwd=tmp_path
-    )
+    denied = _run([quota_cmd, *hit], cwd=tmp_path)
     assert denied.returncode == 4, denied.stdout + denied.stderr
