@@ -22,8 +22,8 @@ import hmac
 import ipaddress
 import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -108,42 +108,322 @@ def _address(text: str) -> Address | None:
     return address
 
 
+#: The forwarding-chain headers a trusted proxy may write (`HttpConfig.forwarded_header`).
+CHAIN_HEADERS = ("x-forwarded-for", "forwarded")
+#: Hops of a forwarding chain read at most, from the right; past them the last
+#: address believed is the client.
+MAX_HOPS = 32
+#: Characters of a ``Forwarded`` header read at most, from the right: 32 hops of
+#: 64 characters, or 16 of the longest elements a proxy writes (quoted IPv6
+#: addresses with ports in ``for`` and ``by``, ``proto``, ``host``).
+MAX_FORWARDED_CHARS = MAX_HOPS * 64
+
+#: A header name: RFC 9110 token characters, lower case.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_PAIR_TEXT = rf"({_TOKEN})=(?:({_TOKEN})|\"((?:[^\"\\]|\\.)*)\")"
+#: One RFC 7239 pair: name, token value, quoted value (without its quotes).
+_PAIR = re.compile(_PAIR_TEXT, re.DOTALL)
+#: One element and its comma: group 1 is the element, None when it does not
+#: parse (then the element runs to the next comma, quoted or not). Each run of
+#: spaces has one place it can go, so a failed match never backtracks far.
+_ITEM = rf"[ \t]*(?:{_PAIR_TEXT}[ \t]*)?"
+_ELEMENT = re.compile(rf"(?:({_ITEM}(?:;{_ITEM})*)(?=,|\Z)|[^,]*)(?:,|\Z)", re.DOTALL)
+_QUOTED_PAIR = re.compile(r"\\(.)", re.DOTALL)
+_PORT = re.compile(r"[0-9]{1,5}|_[A-Za-z0-9._-]+")
+_OBFUSCATED = re.compile(r"_[A-Za-z0-9._-]+")
+#: Longer than any address with a port (and an IPv6 zone) a proxy writes.
+_MAX_NODE = 100
+#: What a hop is when a proxy did not name its peer (``unknown``, ``_hidden``).
+_HIDDEN = "hidden"
+#: Peers whose parsed address a `ProxyRules` remembers (then it starts afresh).
+_PEERS_KEPT = 4096
+
+Node = Address | str | None
+"""A hop of a chain: an address, `_HIDDEN`, or None when malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRules:
+    """How `client_ip` reads a request that came through `trusted` proxies.
+
+    `HttpConfig` builds one at construction (see `proxy_rules`); the
+    middleware passes it on every request.
+    """
+
+    trusted: tuple[Network, ...] = ()
+    """The trusted proxies."""
+    headers: tuple[tuple[Network, str], ...] = ()
+    """A single-address header per proxy network, the most specific network first."""
+    every: str | None = None
+    """A single-address header believed from every trusted proxy."""
+    chain: str = "x-forwarded-for"
+    """The chain header the trusted proxies write: ``x-forwarded-for`` or ``forwarded``."""
+    peers: dict[str, tuple[str | None, Address | None, bool]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Peers seen: the peer as a normalised address (None when it is not one),
+    the address, and whether it is a trusted proxy."""
+
+    def header_for(self, address: Address) -> str | None:
+        """The single-address header believed from the proxy at `address`, if any."""
+        for network, name in self.headers:
+            if address.version == network.version and address in network:
+                return name
+        return self.every
+
+
+def check_header_name(name: str, value: object) -> str:
+    """`value` as a lower-case header name; `ConfigurationError` naming `name` otherwise."""
+    from quota._errors import ConfigurationError
+
+    header = value.strip().lower() if isinstance(value, str) and value.isascii() else None
+    if header is None or not _HEADER_NAME.fullmatch(header):
+        raise ConfigurationError(
+            f"{name}: {value!r} is not a header name (letters, digits and !#$%&'*+-.^_`|~,"
+            " e.g. 'cf-connecting-ip')"
+        )
+    return header
+
+
+def check_forwarded_header(name: str, value: object) -> str:
+    """`value` as one of `CHAIN_HEADERS`; `ConfigurationError` naming `name` otherwise."""
+    from quota._errors import ConfigurationError
+
+    header = value.strip().lower() if isinstance(value, str) else None
+    if header not in CHAIN_HEADERS:
+        raise ConfigurationError(f"{name} must be one of {', '.join(CHAIN_HEADERS)}, got {value!r}")
+    return header
+
+
+def check_client_ip_header(name: str, value: object) -> str | dict[str, str] | None:
+    """`value` with its header names lower-cased; `ConfigurationError` naming `name` otherwise.
+
+    None, a header name, or a mapping of CIDR (or address) to header name;
+    an empty mapping is None. The CIDRs are checked by `proxy_rules`.
+    """
+    from quota._errors import ConfigurationError
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _single_header(name, value)
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"{name} must be a header name or a mapping of CIDR to header name, got {value!r}"
+        )
+    out = {}
+    for network, header in value.items():
+        if not isinstance(network, (str, ipaddress.IPv4Network, ipaddress.IPv6Network,
+                                    ipaddress.IPv4Address, ipaddress.IPv6Address)):  # fmt: skip
+            raise ConfigurationError(f"{name}: {network!r} is not a CIDR (e.g. 10.0.0.0/8)")
+        out[str(network).strip()] = _single_header(f"{name}[{str(network).strip()!r}]", header)
+    return out or None
+
+
+def _single_header(name: str, value: object) -> str:
+    from quota._errors import ConfigurationError
+
+    header = check_header_name(name, value)
+    if header in CHAIN_HEADERS:
+        raise ConfigurationError(
+            f"{name}: {header!r} is a forwarding chain, not one address; choose the chain"
+            " header the proxies write with forwarded_header"
+        )
+    return header
+
+
+def proxy_rules(
+    name: str, trusted: tuple[Network, ...], client_ip_header: str | Mapping[str, str] | None,
+    forwarded_header: str = "x-forwarded-for",
+) -> ProxyRules:  # fmt: skip
+    """The `ProxyRules` of checked settings (see `check_client_ip_header`).
+
+    A client-IP header needs trusted proxies, and each CIDR it is mapped from
+    must lie within one of them (elsewhere it would never be read):
+    `ConfigurationError` naming `name` otherwise.
+    """
+    from quota._errors import ConfigurationError
+
+    if client_ip_header is not None and not trusted:
+        raise ConfigurationError(
+            f"{name} needs trusted_proxies: a client-IP header is only read from a trusted proxy"
+        )
+    if not isinstance(client_ip_header, Mapping):
+        return ProxyRules(trusted, (), client_ip_header, forwarded_header)
+    headers = []
+    for text, header in client_ip_header.items():
+        (network,) = parse_networks(name, [text])
+        if not any(
+            network.version == proxy.version and network.subnet_of(proxy)  # type: ignore[arg-type]
+            for proxy in trusted
+        ):
+            raise ConfigurationError(
+                f"{name}: {text!r} is not within trusted_proxies, so its header would never be read"
+            )
+        headers.append((network, header))
+    headers.sort(key=lambda pair: -pair[0].prefixlen)
+    return ProxyRules(trusted, tuple(headers), None, forwarded_header)
+
+
 def client_ip(
-    peer: str | None, headers: Mapping[str, str], trusted: tuple[Network, ...]
+    peer: str | None, headers: Mapping[str, str], trusted: ProxyRules | tuple[Network, ...]
 ) -> str | None:
     """The client's address as this server may believe it.
 
-    Headers are believed only from a trusted peer (a proxy in `trusted`):
-    ``cf-connecting-ip`` first, then ``x-forwarded-for`` read from the right,
-    skipping trusted hops; the first untrusted address is the client. A
-    header from any other peer is ignored, so a client cannot pick its own
-    key by sending one. Returns the peer as given when it is not an address
-    (a test client's ``"testclient"``), None when there is no peer.
+    The TCP `peer` is the client unless it is a trusted proxy. From a trusted
+    peer the forwarding chain (``X-Forwarded-For``, or RFC 7239 ``Forwarded``
+    when the rules say so; never both) is walked from the right, one hop per
+    proxy: the first hop that is not a trusted proxy is the client, and what
+    it wrote further left is never read. At each trusted hop (the peer
+    included) whose network has a single-address header (``CF-Connecting-IP``
+    and the like, see `ProxyRules`) that the request carries with a valid
+    address, that address is the client. No such header is read otherwise.
+
+    Hops may carry a port (``1.2.3.4:5555``, ``[2001:db8::1]:443``); a bare
+    IPv6 address is an address. A hop a trusted proxy wrote as ``unknown`` or
+    an obfuscated name (``_hidden``) is taken for a proxy inside the trusted
+    chain that did not know its peer (a Unix socket), and the walk goes on to
+    its left. A malformed hop ends the walk, as do the end of the chain and
+    `MAX_HOPS` hops read: then the last address believed is the client, the
+    last trusted proxy at worst. No header content makes this raise.
+
+    `trusted` is the rules `HttpConfig` built, or bare trusted networks (read
+    with ``X-Forwarded-For`` and no single-address header). Returns the peer
+    as given when it is not an address (a test client's ``"testclient"``),
+    None when there is no peer.
     """
     if peer is None:
         return None
+    rules = trusted if isinstance(trusted, ProxyRules) else ProxyRules(trusted)
+    seen = rules.peers.get(peer)
+    if seen is None:
+        seen = _peer(peer, rules.trusted)
+        if len(rules.peers) >= _PEERS_KEPT:
+            rules.peers.clear()
+        rules.peers[peer] = seen
+    text, address, is_proxy = seen
+    if not is_proxy or address is None:
+        return peer if text is None else text
+    return str(_walk(address, headers, rules))
+
+
+def _peer(peer: str, trusted: tuple[Network, ...]) -> tuple[str | None, Address | None, bool]:
     address = _address(peer)
     if address is None:
-        return peer
-    if not trusted or not _is_trusted(address, trusted):
-        return str(address)
-    cf = headers.get("cf-connecting-ip")
-    if cf:
-        real = _address(cf)
-        if real is not None:
-            return str(real)
-    forwarded = headers.get("x-forwarded-for")
-    if not forwarded:
-        return str(address)
-    candidate = address
-    for part in reversed(forwarded.split(",")):
-        hop = _address(part)
-        if hop is None:
-            break  # garbage from here on: the last address we believed stands
-        candidate = hop
-        if not _is_trusted(hop, trusted):
+        return None, None, False
+    return str(address), address, bool(trusted) and _is_trusted(address, trusted)
+
+
+def _walk(address: Address, headers: Mapping[str, str], rules: ProxyRules) -> Address:
+    """The client behind the trusted proxy at `address` (see `client_ip`)."""
+    found = _header_address(address, headers, rules)
+    if found is not None:
+        return found
+    chain = headers.get(rules.chain)
+    if not chain:
+        return address
+    nodes = _forwarded_nodes(chain) if rules.chain == "forwarded" else _xff_nodes(chain)
+    believed = address
+    for node in nodes:
+        if node is None:
             break
-    return str(candidate)
+        if isinstance(node, str):
+            continue
+        believed = node
+        if not _is_trusted(node, rules.trusted):
+            break
+        found = _header_address(node, headers, rules)
+        if found is not None:
+            return found
+    return believed
+
+
+def _header_address(
+    address: Address, headers: Mapping[str, str], rules: ProxyRules
+) -> Address | None:
+    name = rules.header_for(address)
+    if name is None:
+        return None
+    value = headers.get(name)
+    if not value:
+        return None
+    node = _node(value)
+    return None if node is None or isinstance(node, str) else node
+
+
+def _xff_nodes(text: str) -> Iterator[Node]:
+    """The hops of an ``X-Forwarded-For``, rightmost first, at most `MAX_HOPS`."""
+    parts = text.rsplit(",", MAX_HOPS)
+    for part in reversed(parts[-MAX_HOPS:]):
+        if part.strip(" \t"):
+            yield _node(part)
+
+
+def _forwarded_nodes(text: str) -> Iterator[Node]:
+    """The ``for=`` of each RFC 7239 element, rightmost first, at most `MAX_HOPS`.
+
+    Elements are split on commas outside quoted strings, pairs on semicolons;
+    names are case-insensitive; quoted values are unescaped; empty elements
+    are skipped. An element that does not parse, or has no ``for=`` or two,
+    is None (the walk stops there). Splitting resumes at the next comma after
+    such an element, so text a client wrote cannot swallow the well-formed
+    elements proxies appended to its right.
+    """
+    if len(text) > MAX_FORWARDED_CHARS:
+        text = text[-MAX_FORWARDED_CHARS:]
+        text = text[text.find(",") + 1 :] if "," in text else ""
+    elements = [match[1] for match in _ELEMENT.finditer(text)]
+    read = 0
+    for element in reversed(elements):
+        if element is not None and not element.strip(" \t"):
+            continue
+        read += 1
+        if element is None or read > MAX_HOPS:
+            yield None
+            return
+        node: Node = None
+        count = 0
+        for pair in _PAIR.finditer(element):
+            if pair[1].lower() == "for":
+                count += 1
+                value = pair[2]
+                if value is None:
+                    value = _QUOTED_PAIR.sub(r"\1", pair[3])
+                node = _node(value)
+        yield node if count == 1 else None
+
+
+def _node(text: str) -> Node:
+    """One hop: ``1.2.3.4``, ``1.2.3.4:80``, ``[2001:db8::1]:443``, ``2001:db8::1``, ``unknown``…"""
+    text = text.strip(" \t")
+    if not text or len(text) > _MAX_NODE:
+        return None
+    if text[0] == "[":
+        host, bracket, port = text[1:].partition("]")
+        if not bracket or (port and (port[0] != ":" or not _PORT.fullmatch(port[1:]))):
+            return None
+        return _ip(host)
+    host, colon, port = text.partition(":")
+    if colon:
+        if ":" in port:
+            return _ip(text)  # a bare IPv6 address
+        if not _PORT.fullmatch(port):
+            return None
+        text = host
+    if text.lower() == "unknown" or _OBFUSCATED.fullmatch(text):
+        return _HIDDEN
+    return _ip(text)
+
+
+def _ip(text: str) -> Address | None:
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def _is_trusted(address: Address, trusted: tuple[Network, ...]) -> bool:
