@@ -1,11 +1,13 @@
 """``quota policy list/set/delete``: edit the runtime overrides of the HTTP layer.
 
 A thin layer over `quota.http.list_policies`, `set_policy` and
-`delete_policy`. Middlewares pick a change up within their cache period
-(5 s by default). ``--ip`` and ``--token`` name one caller by the keyed hash
-the middleware uses (``$QUOTA_HASH_SECRET`` must be the app's), so raw IPs
-and tokens are never stored. Exit codes as for every command (3: database or
-schema error; 2: bad option); ``delete`` exits 4 when there was no such row.
+`delete_policy`. Every middleware applies a change at the first boundary of
+its cache period (5 s by default) at least one second after it was written,
+all at the same moment. ``--ip`` and ``--token`` name one caller by the
+keyed hash the middleware uses (``$QUOTA_HASH_SECRET`` must be the app's),
+so raw IPs and tokens are never stored. Exit codes as for every command (3:
+database or schema error; 2: bad option or URL); ``delete`` exits 4 when
+there was no such row. ``--url`` may follow ``policy`` and each subcommand.
 """
 
 from __future__ import annotations
@@ -13,38 +15,57 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import click
 
+import quota
+from quota._url import SCHEMALESS
 from quota.http import PolicyRow, delete_policy, hashed_subject, list_policies, set_policy
+from quota.http._runtime import TABLE, hash_secret_from_env, ip_subject
 
-from .main import EXIT_DENIED, POSITIVE, _errors, _limiter, main
+from .main import EXIT_DENIED, POSITIVE, _errors, _json_option, _limiter, main, url_option
 
-_SECRET_VARS = ("QUOTA_HASH_SECRET", "RATE_LIMIT_SECRET")
+#: The app's default `HttpConfig.ipv6_prefix`.
+DEFAULT_IPV6_PREFIX = 64
+_FIELDS = "--rates (with --algorithm), --cost, --fail-open/--fail-closed, --exempt"
 
 
-def _subject(subject: str | None, ip: str | None, token: str | None, tier: str | None) -> str:
+def _subject(
+    subject: str | None, ip: str | None, token: str | None, tier: str | None,
+    ipv6_prefix: int | None,
+) -> str:  # fmt: skip
     given = [v for v in (subject, ip, token, tier) if v is not None]
     if len(given) > 1:
         raise click.UsageError("give at most one of --subject, --ip, --token, --tier")
+    if ipv6_prefix is not None:
+        if ip is None:
+            raise click.UsageError(
+                "--ipv6-prefix goes with --ip (the app's HttpConfig.ipv6_prefix)"
+            )
+        if ipv6_prefix > 128:
+            raise click.BadParameter(
+                f"{ipv6_prefix} is more than 128", param_hint="'--ipv6-prefix'"
+            )
     if tier is not None:
         return f"tier:{tier}"
     if ip is None and token is None:
         return subject or "*"
-    secret = next((os.environ[v] for v in _SECRET_VARS if os.environ.get(v)), None)
-    if secret is None:
+    try:
+        key = hash_secret_from_env(os.environ)
+    except quota.ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+    if key is None:
         raise click.UsageError(
             "--ip and --token hash with the app's secret: set QUOTA_HASH_SECRET to the value the app uses"
         )
-    try:
-        key = secret.encode()
-    except UnicodeEncodeError:
-        raise click.UsageError(
-            "QUOTA_HASH_SECRET must be UTF-8 text (it holds bytes that are not)"
-        ) from None
     if ip is not None:
-        return hashed_subject("ip", ip, key)
+        try:
+            return ip_subject(ip, key, ipv6_prefix=ipv6_prefix or DEFAULT_IPV6_PREFIX)
+        except quota.ConfigurationError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--ip'") from None
     assert token is not None
     return hashed_subject("tok", token, key)
 
@@ -57,6 +78,11 @@ _subject_options = [
         "--tier", help="Every caller of this tier (anon, auth, trusted, or the app's own)."
     ),
     click.option("--ip", help="One client IP (stored only as its keyed hash)."),
+    click.option(
+        "--ipv6-prefix",
+        type=POSITIVE,
+        help=f"With an IPv6 --ip: the prefix the app keys IPv6 clients by (HttpConfig.ipv6_prefix, default {DEFAULT_IPV6_PREFIX}).",
+    ),
     click.option("--token", help="One bearer token or API key (stored only as its keyed hash)."),
 ]
 
@@ -67,17 +93,32 @@ def _with_subject_options(func: click.decorators.FC) -> click.decorators.FC:
     return func
 
 
+@contextmanager
+def _table(ctx: click.Context) -> Iterator[quota.Limiter]:
+    """The limiter of ``--url``, on a store that keeps the table (exit 2 on one that cannot)."""
+    with _errors(), _limiter(ctx) as limiter:
+        dialect = limiter.store.dialect
+        if dialect in SCHEMALESS:
+            raise click.UsageError(
+                f"the {dialect} store keeps no {TABLE} table: runtime policies need a database"
+                " (sqlite:// or postgresql://), and the app's middleware has none on this store"
+            )
+        yield limiter
+
+
 @main.group()
+@url_option
 def policy() -> None:
     """Runtime overrides of the HTTP middleware (the quota_policies table)."""
 
 
 @policy.command("list")
+@url_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def list_command(ctx: click.Context, as_json: bool) -> None:
     """Every override, by route class and subject."""
-    with _errors(), _limiter(ctx) as limiter:
+    with _table(ctx) as limiter:
         rows = list_policies(limiter)
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], indent=2, sort_keys=True))
@@ -95,6 +136,7 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
 
 
 @policy.command("set")
+@url_option
 @click.argument("route")
 @_with_subject_options
 @click.option("--rates", help="Rate string, e.g. '100/minute;1000/day' or '20/s burst 40'.")
@@ -111,16 +153,28 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def set_command(
     ctx: click.Context, route: str, subject: str | None, tier: str | None, ip: str | None,
-    token: str | None, rates: str | None, algorithm: str | None, cost: int | None,
-    fail_open: bool | None, exempt: bool, note: str | None, as_json: bool,
+    ipv6_prefix: int | None, token: str | None, rates: str | None, algorithm: str | None,
+    cost: int | None, fail_open: bool | None, exempt: bool, note: str | None, as_json: bool,
 ) -> None:  # fmt: skip
-    """Insert or replace the override of ROUTE ('*' for every route class) for a subject."""
-    who = _subject(subject, ip, token, tier)
+    """Insert or replace the override of ROUTE ('*' for every route class) for a subject.
+
+    Give at least one of --rates, --cost, --fail-open/--fail-closed, --exempt.
+    Every app worker applies the change at the same moment: the first
+    boundary of its cache period at least one second from now.
+    """
+    who = _subject(subject, ip, token, tier, ipv6_prefix)
+    if rates is None and cost is None and fail_open is None and not exempt:
+        raise click.UsageError(
+            f"nothing to override: give at least one of {_FIELDS}"
+            " (to remove an override, use `quota policy delete`)"
+        )
+    if algorithm is not None and rates is None:
+        raise click.UsageError("--algorithm applies to the override's rates: give --rates with it")
     with _errors():
         row = PolicyRow(route=route, subject=who, rates=rates, algorithm=algorithm, cost=cost,
                         fail_open=fail_open, exempt=exempt, note=note)  # fmt: skip
-        with _limiter(ctx) as limiter:
-            stored = set_policy(limiter, row)
+    with _table(ctx) as limiter:
+        stored = set_policy(limiter, row)
     if as_json:
         click.echo(json.dumps(asdict(stored), indent=2, sort_keys=True))
     else:
@@ -128,21 +182,30 @@ def set_command(
 
 
 @policy.command("delete")
+@url_option
 @click.argument("route")
 @_with_subject_options
+@_json_option
 @click.pass_context
 def delete_command(
     ctx: click.Context, route: str, subject: str | None, tier: str | None, ip: str | None,
-    token: str | None,
+    ipv6_prefix: int | None, token: str | None, as_json: bool,
 ) -> None:  # fmt: skip
-    """Delete the override of ROUTE for a subject (exit 4 if there was none)."""
-    who = _subject(subject, ip, token, tier)
-    with _errors(), _limiter(ctx) as limiter:
+    """Delete the override of ROUTE for a subject (exit 4 if there was none).
+
+    Like a change, the deletion applies on every app worker at the same
+    boundary of its cache period.
+    """
+    who = _subject(subject, ip, token, tier, ipv6_prefix)
+    with _table(ctx) as limiter:
         found = delete_policy(limiter, route, who)
+    if as_json:
+        click.echo(json.dumps({"route": route, "subject": who, "deleted": found}, sort_keys=True))
     if not found:
         click.echo(f"no override of {route} for {who}", err=True)
         sys.exit(EXIT_DENIED)
-    click.echo(f"deleted {route} for {who}")
+    if not as_json:
+        click.echo(f"deleted {route} for {who}")
 
 
 __all__ = ["policy"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,7 +24,6 @@ from typing import Any
 from fastapi import Depends, FastAPI
 
 import quota
-from quota._url import default_url
 from quota.http import Denial, HttpConfig, HttpResponse, RoutePolicy
 from quota.http.asgi import QuotaMiddleware
 from quota.http.fastapi import RateLimit, install
@@ -56,22 +56,35 @@ def mcp_errors(denial: Denial) -> HttpResponse | None:
     return HttpResponse(status, (("Content-Type", "application/json"), *denial.headers), body)
 
 
+#: The API keys this example accepts (``EXAMPLE_API_KEYS=key-1,key-2``); a real app
+#: checks its own key store. A key that passes is keyed on its own; without a
+#: validator, every key sent from one IP would share that IP's ceiling.
+API_KEYS = frozenset(k.strip() for k in os.environ.get("EXAMPLE_API_KEYS", "").split(",") if k)
+
+
+def known_api_key(token: str) -> bool:
+    return token in API_KEYS
+
+
 #: One limiter for the middleware and the dependency; group commit shares statements.
-limiter = quota.connect_async(default_url(), batching=True)
+limiter = quota.connect_async(quota.default_url(), batching=True)
 
 
 @asynccontextmanager
 async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
     # An example's convenience: a real deployment runs `quota migrate` in its deploy step.
     # (In a thread: migrating a PostgreSQL URL runs an event loop of its own.)
-    await asyncio.to_thread(quota.migrate, default_url())
+    await asyncio.to_thread(quota.migrate, quota.default_url())
     yield
     await limiter.aclose()
 
 
 config = HttpConfig.from_env(policies=POLICIES, exclude=["/health"])
 app = FastAPI(title="quota example", lifespan=lifespan)
-app.add_middleware(QuotaMiddleware, limiter=limiter, config=config, response_factory=mcp_errors)
+app.add_middleware(
+    QuotaMiddleware, limiter=limiter, config=config, response_factory=mcp_errors,
+    token_validator=known_api_key,
+)  # fmt: skip
 install(app)
 
 #: One route limited by a dependency instead (on top of the middleware's class).

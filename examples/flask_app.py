@@ -16,7 +16,6 @@ from typing import Any
 from flask import Flask, jsonify
 
 import quota
-from quota._url import default_url
 from quota.http import HttpConfig, RoutePolicy
 from quota.http.wsgi import QuotaWSGIMiddleware
 
@@ -29,7 +28,7 @@ POLICIES = [
 ]
 
 # An example's convenience: a real deployment runs `quota migrate` in its deploy step.
-quota.migrate(default_url())
+quota.migrate(quota.default_url())
 
 app = Flask(__name__)
 app.wsgi_app = QuotaWSGIMiddleware(  # type: ignore[method-assign]

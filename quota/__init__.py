@@ -38,6 +38,7 @@ from quota._quotas import (
 )
 from quota._resilience import Fallback
 from quota._shedding import ConcurrencyGuard, SheddingMiddleware
+from quota._url import default_url
 
 __version__ = "0.1.0"
 
@@ -71,6 +72,7 @@ __all__ = [
     "connect",
     "connect_async",
     "current_revision",
+    "default_url",
     "diagnose",
     "downgrade",
     "migrate",

@@ -55,6 +55,7 @@ class AbuseDetector:
     `callback(key, count)` gets the caller's key and the estimated denials
     in the window; its exceptions are logged, never raised. `clock` returns
     epoch seconds (inject one in tests). `metrics` counts each alert.
+    `threshold` can be changed while in use (``detector.threshold = 50``).
     Thread-safe. Raises `ConfigurationError` naming the field for a bad value.
     """
 
@@ -69,7 +70,7 @@ class AbuseDetector:
         *,
         max_keys: int = 10_000,
     ) -> None:
-        self.threshold = check_int("threshold", threshold, maximum=2**62)
+        self._threshold = check_int("threshold", threshold, maximum=2**62)
         self.window = check_int("window", window, maximum=MAX_WINDOW)
         self.interval = check_int("interval", interval, maximum=MAX_WINDOW)
         self.max_keys = check_int("max_keys", max_keys, maximum=10_000_000)
@@ -84,6 +85,23 @@ class AbuseDetector:
         self.metrics = metrics
         self._lock = threading.Lock()
         self._keys: OrderedDict[str, _KeyState] = OrderedDict()
+
+    @property
+    def threshold(self) -> int:
+        """Denials of one key within `window` above which it raises an alert.
+
+        Settable while the detector is in use (from a settings table, say):
+        the next denial of every key is judged against the new value; keys
+        already alerted stay quiet until their `interval` ends. Raises
+        `ConfigurationError` for anything but an integer in 1..2**62.
+        """
+        return self._threshold
+
+    @threshold.setter
+    def threshold(self, value: int) -> None:
+        checked = check_int("threshold", value, maximum=2**62)
+        with self._lock:
+            self._threshold = checked
 
     @property
     def tracked_keys(self) -> int:
@@ -115,21 +133,22 @@ class AbuseDetector:
                     state.start = start
             state.current += 1
             estimate = state.current + state.previous * (window - (now - start)) / window
-            if estimate <= self.threshold:
+            threshold = self._threshold
+            if estimate <= threshold:
                 return
             if state.last_alert is not None and now - state.last_alert < self.interval:
                 return
             state.last_alert = now
-        self._alert(key, math.ceil(estimate))
+        self._alert(key, math.ceil(estimate), threshold)
 
-    def _alert(self, key: str, count: int) -> None:
+    def _alert(self, key: str, count: int, threshold: int) -> None:
         log.warning(
             "quota: abuse alert: key %r denied %d times within %ds (threshold %d);"
             " no further alert for this key for %ds",
             key,
             count,
             self.window,
-            self.threshold,
+            threshold,
             self.interval,
         )
         if self.metrics is not None:

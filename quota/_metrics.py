@@ -1,4 +1,4 @@
-"""Counters and a latency histogram for the limiter, shed requests and abuse alerts.
+"""Counters and histograms for the limiter, shed requests, abuse alerts and request velocity.
 
 `Metrics` keeps plain numbers in process: a few dict increments under one
 lock per event, cheap enough for every decision. `Metrics.snapshot` returns
@@ -15,15 +15,19 @@ quota_store_errors_total        counter    kind
 quota_store_latency_seconds     histogram  (none)
 quota_shed_total                counter    route
 quota_abuse_alerts_total        counter    (none)
+quota_request_velocity          histogram  route, tier
 ==============================  =========  ==================================
 
 ``outcome`` is ``allowed`` or ``denied``; ``source`` says who decided:
 ``store`` (the database), ``fallback`` (the in-memory store while the
 database is down) or ``fail_open`` (nothing could decide, so the request was
-allowed). Label values come from the caller: pass route templates
-(``/users/{id}``) and tier names, never raw paths or keys. A family that
-reaches `max_series` label sets counts further new ones under the value
-``_other``, so a mistake there costs a wrong label, not unbounded memory.
+allowed). ``quota_request_velocity`` is the request rate (requests per
+second) of each decision's key, as the HTTP layer tracks it, by route and
+tier: how fast the callers behind the requests were going, never which ones.
+Label values come from the caller: pass route templates (``/users/{id}``)
+and tier names, never raw paths or keys. A family that reaches `max_series`
+label sets counts further new ones under the value ``_other``, so a mistake
+there costs a wrong label, not unbounded memory.
 
 `quota` never imports ``prometheus_client`` unless one of those two methods
 is called.
@@ -57,6 +61,13 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     0.1, 0.25, 0.5,
     1.0,
 )  # fmt: skip
+#: Upper bounds (``le``) of the request velocity buckets, in requests per second per key.
+VELOCITY_BUCKETS: tuple[float, ...] = (
+    0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0,
+    10.0, 25.0, 50.0,
+    100.0, 250.0, 1000.0,
+)  # fmt: skip
 #: The decision sources `Metrics.record_decision` accepts.
 SOURCES = ("store", "fallback", "fail_open")
 #: The label value a family's label sets beyond `max_series` are counted under.
@@ -68,6 +79,16 @@ _RECENT_ALERTS = 10
 def _le(bound: float) -> str:
     """A bucket bound as Prometheus writes it in the ``le`` label."""
     return repr(float(bound))
+
+
+def _histogram(bounds: tuple[float, ...], counts: list[float]) -> dict[str, Any]:
+    """Per-bucket `counts` (then +Inf, then the sum) as cumulative buckets, count and sum."""
+    buckets: dict[str, int] = {}
+    running = 0
+    for bound, count in zip((*map(_le, bounds), "+Inf"), counts, strict=False):
+        running += int(count)
+        buckets[bound] = running
+    return {"buckets": buckets, "count": running, "sum": counts[-1]}
 
 
 class Metrics:
@@ -93,6 +114,8 @@ class Metrics:
         self._latency_sum = 0.0
         self._abuse_alerts = 0
         self._abuse_recent: deque[str] = deque(maxlen=_RECENT_ALERTS)
+        # (route, tier) -> per-bucket counts (the last is +Inf), then the sum of the rates.
+        self._velocity: dict[tuple[str, str], list[float]] = {}
 
     # -- recording (the hot path) ------------------------------------------------
 
@@ -141,6 +164,21 @@ class Metrics:
             self._abuse_alerts += 1
             self._abuse_recent.append(key)
 
+    def observe_velocity(self, rate: float, *, route: str = "", tier: str = "") -> None:
+        """Add one decision's per-key request rate (requests per second) to the velocity histogram."""
+        index = bisect.bisect_left(VELOCITY_BUCKETS, rate)
+        key = (route, tier)
+        with self._lock:
+            counts = self._velocity.get(key)
+            if counts is None:
+                if len(self._velocity) >= self.max_series:
+                    key = (OTHER, OTHER)
+                    counts = self._velocity.get(key)
+                if counts is None:
+                    counts = self._velocity[key] = [0.0] * (len(VELOCITY_BUCKETS) + 2)
+            counts[index] += 1
+            counts[-1] += rate
+
     def _bump(self, family: dict[str, int], label: str) -> None:
         count = family.get(label)
         if count is None and len(family) >= self.max_series:
@@ -170,6 +208,11 @@ class Metrics:
               "shed": {"": 2},                   # by route
               "abuse_alerts": 1,
               "abuse_recent_keys": ["ip:…"],     # the last 10 alerted keys, oldest first
+              "request_velocity": [   # one row per route and tier, sorted
+                {"route": "api", "tier": "anon",
+                 "buckets": {"0.1": 3, ..., "1000.0": 9, "+Inf": 9},  # cumulative
+                 "count": 9, "sum": 4.2},                            # requests/s
+              ],
             }
         """
         with self._lock:
@@ -180,6 +223,7 @@ class Metrics:
             latency_sum = self._latency_sum
             abuse_alerts = self._abuse_alerts
             abuse_recent = list(self._abuse_recent)
+            velocity = {key: list(counts) for key, counts in self._velocity.items()}
         totals = {"allowed": 0, "denied": 0, "fallback": 0, "fail_open": 0}
         rows = []
         for (allowed, source, route, tier), count in sorted(decisions.items()):
@@ -203,6 +247,10 @@ class Metrics:
             "shed": shed,
             "abuse_alerts": abuse_alerts,
             "abuse_recent_keys": abuse_recent,
+            "request_velocity": [
+                {"route": route, "tier": tier, **_histogram(VELOCITY_BUCKETS, counts)}
+                for (route, tier), counts in sorted(velocity.items())
+            ],
         }
 
     # -- Prometheus --------------------------------------------------------------
@@ -268,11 +316,17 @@ class _PrometheusCollector:
         alerts = CounterMetricFamily(
             "quota_abuse_alerts", "Abuse alerts raised (one per key per interval)."
         )
+        velocity = HistogramMetricFamily(
+            "quota_request_velocity",
+            "Per-key request rate (requests per second) observed at each decision.",
+            labels=["route", "tier"],
+        )
         if snap is None:
             yield from (decisions, errors, shed, alerts)
             yield HistogramMetricFamily(
                 "quota_store_latency_seconds", "Store round-trip time in seconds."
             )
+            yield velocity
             return
         for row in snap["decisions"]:
             decisions.add_metric(
@@ -291,6 +345,11 @@ class _PrometheusCollector:
             buckets=list(latency["buckets"].items()),
             sum_value=latency["sum"],
         )
+        for row in snap["request_velocity"]:
+            velocity.add_metric(
+                [row["route"], row["tier"]], list(row["buckets"].items()), sum_value=row["sum"]
+            )
+        yield velocity
 
 
 def _kind(exc: BaseException) -> str:

@@ -58,8 +58,9 @@ PROXIES = parse_networks("trusted_proxies", ["10.0.0.0/8", "fd00::/8"])
         # An untrusted peer's headers are ignored, whatever they say.
         ("198.51.100.1", {"x-forwarded-for": "1.2.3.4"}, "198.51.100.1"),
         ("198.51.100.1", {"cf-connecting-ip": "1.2.3.4"}, "198.51.100.1"),
-        # A trusted proxy: cf-connecting-ip first, then x-forwarded-for from the right.
-        ("10.0.0.1", {"cf-connecting-ip": "1.2.3.4", "x-forwarded-for": "5.6.7.8"}, "1.2.3.4"),
+        # A trusted proxy: x-forwarded-for from the right; no client-IP header
+        # (cf-connecting-ip) is read unless `client_ip_header` names it.
+        ("10.0.0.1", {"cf-connecting-ip": "1.2.3.4", "x-forwarded-for": "5.6.7.8"}, "5.6.7.8"),
         ("10.0.0.1", {"x-forwarded-for": "9.9.9.9, 1.2.3.4"}, "1.2.3.4"),
         ("10.0.0.1", {"x-forwarded-for": "9.9.9.9, 1.2.3.4, 10.1.1.1"}, "1.2.3.4"),
         ("10.0.0.1", {"x-forwarded-for": "10.2.2.2, 10.1.1.1"}, "10.2.2.2"),
@@ -193,8 +194,25 @@ def test_path_patterns_match_on_segment_boundaries(
     pattern: str, matching: list[str], not_matching: list[str]
 ) -> None:
     compiled = compile_paths("paths", [pattern])
-    assert all(compiled.match(p) for p in matching)
-    assert not any(compiled.match(p) for p in not_matching)
+    assert all(compiled.fullmatch(p) for p in matching)
+    assert not any(compiled.fullmatch(p) for p in not_matching)
+
+
+def test_a_newline_in_a_path_changes_neither_its_class_nor_its_exclusion() -> None:
+    config = HttpConfig(
+        policies=[
+            RoutePolicy(name="search", paths=["/api/items/{id}"], rates="3/minute"),
+            RoutePolicy(name="regex", paths=["re:/v1/.*"], rates="3/minute"),
+        ],
+        exclude=["/health"], hash_secret="h" * 16, runtime_policies=False,
+    )  # fmt: skip
+
+    assert config.route_for("GET", "/api/items/a\nb").name == "search"
+    assert config.route_for("GET", "/api/items/a\nb/c").name == "search"
+    assert config.route_for("GET", "/v1/a\nb").name == "regex"
+    assert config.route_for("GET", "/api/items\n") is None
+    assert not config.excluded("/health\n")
+    assert config.excluded("/health/x\ny")
 
 
 @pytest.mark.parametrize("pattern", ["api", "re:(", 7])

@@ -51,6 +51,7 @@ def server(pg_url: str) -> Iterator[str]:
         "PYTHONPATH": str(ROOT),
         "QUOTA_DATABASE_URL": pg_url,
         "QUOTA_HASH_SECRET": "e2e-hash-secret-0123456789",
+        "EXAMPLE_API_KEYS": ",".join(f"key-{k}" for k in range(KEYS)),
         # A week-long window: the test cannot straddle two windows.
         "QUOTA_POLICY_DIRECTORY_RATES": f"{ANON_LIMIT}/week",
         "QUOTA_POLICY_DIRECTORY_AUTHED_RATES": f"{AUTHED_LIMIT}/week",

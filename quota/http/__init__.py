@@ -25,6 +25,7 @@ from quota.http._policy import (
 )
 from quota.http._responses import EXPOSE_HEADERS, Denial, HttpResponse
 from quota.http._runtime import PolicyRow, delete_policy, list_policies, set_policy
+from quota.http._signals import PredictivePressure, Velocity
 
 __all__ = [
     "ENV_VARS",
@@ -36,9 +37,11 @@ __all__ = [
     "Metrics",
     "Plans",
     "PolicyRow",
+    "PredictivePressure",
     "RequestInfo",
     "RoutePolicy",
     "SystemPressure",
+    "Velocity",
     "delete_policy",
     "hashed_subject",
     "list_policies",

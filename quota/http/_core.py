@@ -24,9 +24,10 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from quota._abuse import AbuseDetector, AlertCallback
 from quota._algorithms import Rate
 from quota._core import Decision
 from quota._errors import ConfigurationError
@@ -45,6 +46,7 @@ from quota.http._identity import (
     verify_signature,
 )
 from quota.http._policy import SAFE_METHODS, HttpConfig, Plans, RoutePolicy, ScaledRates
+from quota.http._policy import _check_factors as check_factors
 from quota.http._responses import (
     RATE_LIMITED,
     UNAVAILABLE,
@@ -59,7 +61,8 @@ from quota.http._responses import (
     unavailable,
 )
 from quota.http._runtime import SELECT as SELECT_POLICIES
-from quota.http._runtime import RuntimePolicies, read_op
+from quota.http._runtime import read_op, runtime_policies
+from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
 log = logging.getLogger("quota.http")
 
@@ -78,6 +81,9 @@ class Hit:
     key: str
     rates: tuple[Rate, ...]
     cost: int
+    scope: str = "caller"
+    """Whose bucket: ``caller``, ``tenant`` (the caller's whole tenant) or ``ip``
+    (the ceiling of unvalidated tokens sent from one client IP)."""
 
 
 class _LoadPolicies:
@@ -171,6 +177,9 @@ class Plan:
     hit: Hit
     fail_open: bool
     shadow: bool
+    extra: tuple[Hit, ...] = ()
+    """Buckets counted beside the caller's own once it allows: the tenant's,
+    and the per-IP ceiling of unvalidated tokens."""
 
 
 def resolve_secret(config: HttpConfig, dialect: str) -> bytes:
@@ -206,6 +215,7 @@ class Guard:
         pressure: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
         observer: ObserverLike | None = None,
+        on_abuse: AlertCallback | None = None,
     ) -> None:
         if not isinstance(config, HttpConfig):
             raise ConfigurationError(f"config must be an HttpConfig, got {config!r}")
@@ -213,18 +223,15 @@ class Guard:
         self.metrics = Metrics(observer)
         self.plans = plans
         self.secret = resolve_secret(config, dialect)
-        self.runtime = (
-            RuntimePolicies(config.policy_cache_seconds, metrics=self.metrics.inc)
-            if config.runtime_policies
-            else None
-        )
+        self.runtime = runtime_policies(config, dialect, self.metrics.inc)
         self._identify = identify
         self._validator = token_validator
         self._factory = response_factory
         if config.adaptive and pressure is None:
             from quota.http._policy import SystemPressure
 
-            pressure = SystemPressure()
+            horizon = config.pressure_horizon
+            pressure = PredictivePressure(horizon=horizon) if horizon > 0 else SystemPressure()
         self._pressure = pressure if config.adaptive else None
         self.clock = clock
         self._scaled = ScaledRates()
@@ -232,6 +239,29 @@ class Guard:
         # Identities of repeat callers (bounded; raw values stay in this process's memory).
         self._identities: dict[tuple[str, str], Identity] = {}
         self._last_error_log = -1e18
+        #: Each counted key's request rate (observability only); None with ``velocity=False``.
+        self.velocity: Velocity | None = None
+        if config.velocity:
+            self.velocity = Velocity(
+                half_life=config.velocity_half_life, max_keys=config.velocity_max_keys,
+                clock=clock,
+            )  # fmt: skip
+        if on_abuse is not None and not callable(on_abuse):
+            raise ConfigurationError(f"on_abuse must be callable(key, count), got {on_abuse!r}")
+        if on_abuse is not None and not config.abuse_threshold:
+            raise ConfigurationError("on_abuse needs abuse_threshold above 0 (0 turns alerts off)")
+        self._on_abuse = on_abuse
+        #: Hears every 429 answered (never shadow or fail-open passes); None when
+        #: ``abuse_threshold=0``. Its ``threshold`` may be changed at run time.
+        self.abuse: AbuseDetector | None = None
+        if config.abuse_threshold:
+            self.abuse = AbuseDetector(
+                config.abuse_threshold, config.abuse_window, config.abuse_interval,
+                callback=self._abuse_alert, clock=clock, metrics=self.metrics.sink,
+            )  # fmt: skip
+        # The X-RateLimit-Lane header of each tier seen (() for a tier no header can carry).
+        self._lanes: dict[str, tuple[str, str] | tuple[()]] = {}
+        self._settings = threading.Lock()
 
     # -- the flow --------------------------------------------------------------------
 
@@ -267,12 +297,29 @@ class Guard:
             decision = yield plan.hit
         except Exception as exc:
             return self._failure(plan.route, plan.identity.tier, request, plan.fail_open, exc)
-        return self.verdict(plan, request, decision, now)
+        if not plan.extra:
+            return self.verdict(plan, request, decision, now)
+        # Once the caller's bucket allows, the shared ones (tenant, IP ceiling)
+        # are counted, each once, until one of them refuses.
+        buckets = [(plan.hit, decision)]
+        for hit in plan.extra if decision.allowed or plan.shadow else ():
+            try:
+                shared = yield hit
+            except Exception as exc:
+                return self._failure(plan.route, plan.identity.tier, request, plan.fail_open, exc)
+            buckets.append((hit, shared))
+            if not shared.allowed and not plan.shadow:
+                break
+        return self.verdict(plan, request, decision, now, buckets)
 
     # -- pure steps --------------------------------------------------------------------
 
     def identity(self, request: RequestInfo, now: float) -> Identity:
         """The request's tier and subject: the app's hook, else trusted, auth or anon."""
+        return self._resolve(request, now)[0]
+
+    def _resolve(self, request: RequestInfo, now: float) -> tuple[Identity, str | None]:
+        """`identity`, and the client IP's subject when the caller's token went unchecked."""
         if self._identify is not None:
             try:
                 found = self._identify(request)
@@ -281,20 +328,25 @@ class Guard:
                 log.exception("quota: the identify hook failed; using the built-in tiers")
                 found = None
             if found is not None:
-                return found
+                return found, None
         headers = request.headers
         config = self.config
         key_id, reason = verify_signature(
             headers, request.method, request.raw_path, now, config.hmac_secrets, config.hmac_window
         )
         if key_id is not None:
-            return Identity(TRUSTED, "key:" + key_id)
+            return Identity(TRUSTED, "key:" + key_id), None
         if reason is not None:
             self.metrics.inc("hmac_rejected", reason=reason)
         token = credential(headers, config.api_key_headers)  # type: ignore[arg-type]
         if token is not None and self._token_ok(token):
-            return self._cached(AUTH, "tok", token)
-        ip = client_ip(request.peer, headers, config.proxies)
+            if self._validator is not None or config.unvalidated_token_ceiling is None:
+                return self._cached(AUTH, "tok", token), None
+            return self._cached(AUTH, "tok", token), self._ip_identity(request).subject
+        return self._ip_identity(request), None
+
+    def _ip_identity(self, request: RequestInfo) -> Identity:
+        ip = client_ip(request.peer, request.headers, self.config.proxy_rules)
         if ip is None:
             return Identity(ANON, "ip:unknown")
         return self._cached(ANON, "ip", ip)
@@ -325,7 +377,7 @@ class Guard:
     def plan(self, route: RoutePolicy, request: RequestInfo, now: float) -> Plan | None:
         """What `request` counts as on `route`, or None when it is exempt."""
         config = self.config
-        identity = self.identity(request, now)
+        identity, unchecked_from = self._resolve(request, now)
         tier = identity.tier
         cost, fail_open = route.cost, route.fail_open
         rates: tuple[Rate, ...] | None = None
@@ -356,17 +408,37 @@ class Guard:
             plan_name = self.plans.plan(identity.tenant)
             if plan_name is not None:
                 scale *= config.plan_scales.get(plan_name, 1.0)
+        pressure = 1.0
         if (
             self._pressure is not None
             and tier not in config.pressure_exempt
             and self._pressure_now() >= config.pressure_threshold
         ):
-            scale *= config.pressure_factors.get(tier, 1.0)
+            pressure = config.pressure_factors.get(tier, 1.0)
+            scale *= pressure
         rates = self._scaled(rates, scale, cost)
-        key = f"{config.key_prefix}:{route.name}:{tier}:{identity.subject}"
-        return Plan(
-            route, identity, Hit(key, rates, cost), fail_open, config.shadow or route.shadow
-        )
+        prefix = f"{config.key_prefix}:{route.name}:"
+        hit = Hit(prefix + f"{tier}:{identity.subject}", rates, cost)
+        shadow = config.shadow or route.shadow
+        if unchecked_from is None and (route.tenant_bucket is None or identity.tenant is None):
+            return Plan(route, identity, hit, fail_open, shadow)
+        extra = []
+        if route.tenant_bucket is not None and identity.tenant is not None:
+            share = pressure
+            plan_name = self.plans.plan(identity.tenant) if self.plans is not None else None
+            if plan_name is not None:
+                share *= config.plan_scales.get(plan_name, 1.0)
+            tenant_rates = self._scaled(route.tenant_bucket, share, cost)
+            extra.append(Hit(prefix + "tenant:" + identity.tenant, tenant_rates, cost, "tenant"))
+        if unchecked_from is not None:
+            ceiling = route.rates_for_tier(AUTH)
+            share = pressure * (config.unvalidated_token_ceiling or 1.0)
+            if ceiling is None:
+                ceiling = route.base_rates
+                share *= config.tier_multipliers.get(AUTH, 1.0)
+            ceiling = self._scaled(ceiling, share, cost)
+            extra.append(Hit(prefix + "auth-ceiling:" + unchecked_from, ceiling, cost, "ip"))
+        return Plan(route, identity, hit, fail_open, shadow, tuple(extra))
 
     def _pressure_now(self) -> float:
         assert self._pressure is not None
@@ -387,19 +459,51 @@ class Guard:
         self._shapes[(route, id(rates))] = (rates, shape)
         return shape
 
-    def verdict(self, plan: Plan, request: RequestInfo, decision: Decision, now: float) -> Verdict:
-        """Headers to add, or the 429 to send, for `decision`."""
+    def verdict(
+        self, plan: Plan, request: RequestInfo, decision: Decision, now: float,
+        buckets: list[tuple[Hit, Decision]] | None = None,
+    ) -> Verdict:  # fmt: skip
+        """Headers to add, or the 429 to send, for `decision`.
+
+        With `buckets` (the caller's, then the shared ones counted), the bucket
+        that refused (when all allowed: the one with the fewest left) decides:
+        its numbers fill the legacy headers, ``X-RateLimit-Scope`` names it
+        (``caller``, ``tenant`` or ``ip``), ``X-RateLimit-Tenant-Remaining``
+        tells the tenant's, and the IETF fields list every bucket, the
+        deciding one first.
+        """
         route, tier = plan.route.name, plan.identity.tier
         metrics = self.metrics
         metrics.count("hits", route, tier)
+        shape: PolicyShape | None = None
+        deciding = plan.hit
+        if buckets is not None:
+            deciding, decision, shape, shared = self._deciding(route, buckets, now)
         blocked = not decision.allowed
         if metrics.sink is not None:
             metrics.sink.record_decision(decision.allowed, route=route, tier=tier)
-        shape = self._shape(route, plan.hit.rates)
+        velocity = self.velocity
+        if velocity is not None:
+            rate = velocity.hit(plan.hit.key, now)
+            if metrics.sink is not None:
+                metrics.sink.observe_velocity(rate, route=route, tier=tier)
+            elif metrics._observer is not None:
+                metrics.inc("velocity", route=route, tier=tier, le=velocity_le(rate))
+        if shape is None:
+            shape = self._shape(route, plan.hit.rates)
         headers = rate_limit_headers(
             decision, shape, now, self.config.headers,
             retry_after=blocked and not plan.shadow,
+            partition=deciding.key if self.config.partition_key else None, secret=self.secret,
         )  # fmt: skip
+        if buckets is not None:
+            headers = _merged(headers, shared)
+        if self.config.headers in LANE_STYLES:
+            lane = self._lanes.get(tier)
+            if lane is None:
+                lane = self._lanes[tier] = lane_header(tier, self._lanes)
+            if lane:
+                headers.insert(3, lane)  # after X-RateLimit-Limit, -Remaining, -Reset
         exposing = self.config.expose_headers and "origin" in request.headers and bool(headers)
         if not blocked:
             return Verdict(None, headers, exposing)
@@ -407,13 +511,43 @@ class Guard:
             metrics.count("shadow_blocked", route, tier)
             return Verdict(None, headers, exposing)
         metrics.count("blocked", route, tier)
+        if self.abuse is not None:
+            self.abuse.record_denial(plan.hit.key)
         shown = headers
         if exposing:
             shown = [*headers, ("Access-Control-Expose-Headers", expose(headers, None))]
-        default = too_many_requests(decision, shown, shape)
+        default = too_many_requests(decision, shown, shape, self.config.problem_type)
         denial = Denial(RATE_LIMITED, request, route, tier, decision, decision.retry_after,
                         tuple(shown), default)  # fmt: skip
         return Verdict(self._respond(denial), [])
+
+    def _deciding(
+        self, route: str, buckets: list[tuple[Hit, Decision]], now: float
+    ) -> tuple[Hit, Decision, PolicyShape, Headers]:
+        """The deciding bucket, its decision and shape, and the headers the others add."""
+        # The bucket that refused; when all allowed, the one closest to refusing.
+        at = next((i for i, (_, d) in enumerate(buckets) if not d.allowed), None)
+        if at is None:
+            at = min(range(len(buckets)), key=lambda i: buckets[i][1].remaining)
+        hit, decision = buckets[at]
+        shape = self._shape(_bucket_name(route, hit.scope), hit.rates)
+        style = self.config.headers
+        shared: Headers = []
+        if style in ("both", "legacy"):
+            shared.append(("X-RateLimit-Scope", hit.scope))
+            for other, seen in buckets:
+                if other.scope == "tenant":
+                    shared.append(("X-RateLimit-Tenant-Remaining", str(seen.remaining)))
+        if style in ("both", "ietf"):
+            for i, (other, seen) in enumerate(buckets):
+                if i != at:
+                    other_shape = self._shape(_bucket_name(route, other.scope), other.rates)
+                    shared += rate_limit_headers(
+                        seen, other_shape, now, "ietf", retry_after=False,
+                        partition=other.key if self.config.partition_key else None,
+                        secret=self.secret,
+                    )  # fmt: skip
+        return hit, decision, shape, shared
 
     def _failure(
         self, route: RoutePolicy, tier: str, request: RequestInfo, fail_open: bool,
@@ -456,6 +590,70 @@ class Guard:
             log.error("quota: the response factory returned %r, not an HttpResponse", shaped)
             return denial.default
         return shaped
+
+    # -- changed at run time ---------------------------------------------------------
+
+    def set_tier_multiplier(self, tier: str, value: float) -> None:
+        """Scale `tier`'s limits by `value` from the next request on, without a new config.
+
+        Bounded like `HttpConfig.tier_multipliers` (0.001 to 1000); raises
+        `ConfigurationError` otherwise, changing nothing. Only this guard's
+        copy of the config changes (``guard.config``), never the `HttpConfig`
+        it was built with, which other middlewares may share. As with the
+        config's multipliers, exact ``tier_rates`` and exact runtime
+        overrides are not scaled.
+        """
+        if not isinstance(tier, str) or not tier:
+            raise ConfigurationError(f"tier must be a non-empty string, got {tier!r}")
+        factor = check_factors("tier_multipliers", {tier: value})
+        with self._settings:
+            config = self.config
+            multipliers = {**config.tier_multipliers, **factor}
+            # Scaled rates and their header shapes were made for the old factors.
+            self._scaled = ScaledRates()
+            self._shapes = {}
+            self.config = replace(config, tier_multipliers=multipliers)
+
+    def _abuse_alert(self, key: str, count: int) -> None:
+        """The abuse detector's callback: count the alert, then tell the app's ``on_abuse``."""
+        self.metrics.inc("abuse_alerts")
+        if self._on_abuse is None:
+            return
+        try:
+            self._on_abuse(key, count)
+        except Exception:
+            self.metrics.inc("hook_failed", hook="on_abuse")
+            log.exception("quota: the on_abuse callback failed for key %r", key)
+
+
+def _bucket_name(route: str, scope: str) -> str:
+    return route if scope == "caller" else f"{route}-{scope}"
+
+
+def _merged(headers: Headers, shared: Headers) -> Headers:
+    """`headers` of the deciding bucket with the other buckets' `shared` ones folded in.
+
+    A field the others repeat (``RateLimit``, ``RateLimit-Policy``) becomes
+    one list, the deciding bucket's item first; the rest are appended.
+    """
+    if not shared:
+        return headers
+    lists = {"ratelimit", "ratelimit-policy"}
+    extra: dict[str, list[str]] = {}
+    plain: Headers = []
+    for name, value in shared:
+        if name.lower() in lists:
+            extra.setdefault(name.lower(), []).append(value)
+        else:
+            plain.append((name, value))
+    out: Headers = []
+    for name, value in headers:
+        more = extra.pop(name.lower(), None)
+        out.append((name, value if more is None else ", ".join([value, *more])))
+    if "Retry-After" in (n for n, _ in out):  # keep Retry-After last, after ours
+        at = [n for n, _ in out].index("Retry-After")
+        return [*out[:at], *plain, *out[at:]]
+    return [*out, *plain]
 
 
 # -- the two drivers ---------------------------------------------------------------

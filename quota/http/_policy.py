@@ -33,10 +33,21 @@ from quota._algorithms import ALGORITHMS, Rate, check_algorithm
 from quota._core import MAX_LIMIT, MAX_WINDOW
 from quota._errors import ConfigurationError
 from quota._policy import parse_rates
-from quota.http._identity import ANON, AUTH, TRUSTED, Network, parse_networks
+from quota.http._identity import (
+    ANON,
+    AUTH,
+    TRUSTED,
+    Network,
+    ProxyRules,
+    check_client_ip_header,
+    check_forwarded_header,
+    parse_networks,
+)
+from quota.http._identity import proxy_rules as build_proxy_rules
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 HEADER_STYLES = ("both", "legacy", "ietf", "none")
+PROBLEM_TYPES = ("quota-exceeded", "about:blank")
 
 #: Tier multipliers when none are configured (``anon`` is the floor).
 DEFAULT_TIER_MULTIPLIERS: Mapping[str, float] = {
@@ -93,7 +104,9 @@ def compile_paths(name: str, patterns: Sequence[str]) -> re.Pattern[str]:
     boundaries (``/api`` matches ``/api`` and ``/api/x`` but not
     ``/apix``); ``{name}`` or ``*`` stands for one segment
     (``/users/{id}/posts``); ``re:…`` is a regular expression matched
-    against the whole path.
+    against the whole path. Paths are decoded, so they may hold any
+    character: ``.`` matches every one, a newline too (``re.DOTALL``), and
+    the match is always of the whole path (``re.fullmatch``).
     """
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -117,7 +130,7 @@ def compile_paths(name: str, patterns: Sequence[str]) -> re.Pattern[str]:
             except ConfigurationError as exc:
                 raise ConfigurationError(f"{name}: {exc}") from exc
     try:
-        return re.compile("^(?:" + "|".join(parts) + ")$")
+        return re.compile("(?:" + "|".join(parts) + ")", re.DOTALL)
     except (re.error, OverflowError, RecursionError) as exc:
         # Each compiles alone, but not together: a group name used twice, or
         # inline flags such as (?i) that must open the whole expression.
@@ -156,6 +169,10 @@ class RoutePolicy:
     """GET, HEAD and OPTIONS on this class pass free; only mutations count."""
     shadow: bool = False
     """Decide and report, never block, for this class only (see `HttpConfig.shadow`)."""
+    tenant_rates: str | Rate | Sequence[Rate] | None = None
+    """Limits for a whole tenant on this class: every caller the identify hook
+    puts in one tenant shares this bucket, beside each caller's own. Scaled by
+    the tenant's plan (see `Plans`); None: no tenant bucket."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -170,9 +187,14 @@ class RoutePolicy:
             str(tier): _rates(f"{where} tier_rates[{tier!r}]", value, self.algorithm)
             for tier, value in dict(self.tier_rates).items()
         }
+        tenant = (
+            None
+            if self.tenant_rates is None
+            else _rates(f"{where} tenant_rates", self.tenant_rates, self.algorithm)
+        )
         if type(self.cost) is not int or self.cost < 1:
             raise ConfigurationError(f"{where}: cost must be a positive integer, got {self.cost!r}")
-        for rate in (*base, *(r for rates in tiers.values() for r in rates)):
+        for rate in (*base, *(r for rates in tiers.values() for r in rates), *(tenant or ())):
             try:
                 rate.check_cost(self.cost)
             except ConfigurationError as exc:
@@ -192,6 +214,7 @@ class RoutePolicy:
         )
         object.__setattr__(self, "_base", base)
         object.__setattr__(self, "_tiers", tiers)
+        object.__setattr__(self, "_tenant", tenant)
         object.__setattr__(self, "_methods", methods)
         object.__setattr__(self, "_pattern", compile_paths(f"{where} paths", self.paths))
 
@@ -206,13 +229,19 @@ class RoutePolicy:
         tiers: dict[str, Rates] = self.__dict__["_tiers"]
         return tiers.get(tier)
 
+    @property
+    def tenant_bucket(self) -> Rates | None:
+        """The class's `tenant_rates` as `Rate` objects, or None."""
+        rates: Rates | None = self.__dict__["_tenant"]
+        return rates
+
     def matches(self, method: str, path: str) -> bool:
         """Whether this class covers a request with `method` on `path`."""
         methods: frozenset[str] | None = self.__dict__["_methods"]
         if methods is not None and method not in methods:
             return False
         pattern: re.Pattern[str] = self.__dict__["_pattern"]
-        return pattern.match(path) is not None
+        return pattern.fullmatch(path) is not None
 
 
 def _utf8(name: str, text: str) -> bytes:
@@ -261,7 +290,18 @@ class HttpConfig:
     mutations_only: bool = False
     """GET, HEAD and OPTIONS pass free everywhere; only mutations count."""
     trusted_proxies: Sequence[str] = ()
-    """Proxies (CIDRs) whose ``cf-connecting-ip`` / ``x-forwarded-for`` are believed."""
+    """Proxies (CIDRs) whose forwarding headers are believed (see `client_ip`)."""
+    client_ip_header: str | Mapping[str, str] | None = None
+    """A header naming the client in one address (``cf-connecting-ip``,
+    ``true-client-ip``, ``x-real-ip``, ``fly-client-ip``), believed only from
+    the trusted proxies that set it: a mapping ``{CIDR: header}`` names the
+    proxies (each CIDR within `trusted_proxies`); a bare name believes it from
+    every trusted proxy, so set one only when every path into the app goes
+    through a proxy that sets it. None (the default) reads no such header."""
+    forwarded_header: str = "x-forwarded-for"
+    """The chain header the trusted proxies write: ``x-forwarded-for`` or
+    ``forwarded`` (RFC 7239). Only this one is read: a proxy passes the other
+    through untouched, so a client could write it."""
     ipv6_prefix: int = 64
     """IPv6 clients are keyed by this prefix of their address (one subscriber's /64)."""
     hash_secret: str | bytes | None = None
@@ -298,11 +338,49 @@ class HttpConfig:
     runtime_policies: bool = True
     """Read overrides from the ``quota_policies`` table (see ``quota policy``)."""
     policy_cache_seconds: float = 5.0
-    """How long overrides read from the database are used before reading again."""
+    """Period of the overrides' refresh: the table is read on the first request
+    after each multiple of this many seconds since the epoch, and a change
+    applies on every worker at the first such boundary at least 1 s after it
+    was written (0: read on every request)."""
     unavailable_retry_after: int = 5
     """Retry-After of the 503 a fail-closed class answers when the limiter fails."""
     key_prefix: str = "http"
     """First part of every key the middleware counts under."""
+    unvalidated_token_ceiling: float | None = 1.0
+    """Without a ``token_validator``, a bearer token or API key is nobody's
+    proof of anything: a client could send a fresh one per request. Such
+    callers keep the ``auth`` tier and a bucket per token, and all of them
+    behind one client IP also share a ceiling of the ``auth`` tier's limits
+    x this factor. None turns the ceiling off (a client can then mint
+    buckets); a ``token_validator`` makes it unnecessary."""
+    problem_type: str = "quota-exceeded"
+    """Body of the default 429: ``quota-exceeded``, the problem type of
+    draft-ietf-httpapi-ratelimit-headers-10 with ``violated-policies``, or
+    ``about:blank`` (title ``Too Many Requests``, the body of earlier releases)."""
+    partition_key: bool = False
+    """Add ``pk`` (the partition key: a keyed digest of the bucket the request
+    counted on, never the IP, token or key id) to ``RateLimit-Policy`` and ``RateLimit``."""
+    pressure_horizon: float = 0.0
+    """Seconds ahead adaptive capacity looks. Above 0, the built-in pressure
+    source is `quota.http.PredictivePressure` (the moving average plus its
+    trend x this horizon), so capacity is lowered before the system saturates
+    and given back as soon as the trend falls; 0 is `SystemPressure`, the
+    moving average alone."""
+    velocity: bool = True
+    """Track each key's request rate (``guard.velocity``, the
+    ``quota_request_velocity`` histogram); observability only, never a decision."""
+    velocity_half_life: float = 10.0
+    """Seconds in which a key's tracked request rate halves once it stops."""
+    velocity_max_keys: int = 10_000
+    """Keys whose request rate is tracked; the one seen least recently goes first."""
+    abuse_threshold: int = 100
+    """429s answered to one key within `abuse_window` seconds that raise an
+    abuse alert (a WARNING, the ``on_abuse`` callback, a metric), at most one
+    per key per `abuse_interval`; 0 turns alerts off."""
+    abuse_window: int = 60
+    """Seconds over which `abuse_threshold` counts a key's 429s."""
+    abuse_interval: int = 900
+    """Seconds a key stays quiet after an abuse alert."""
 
     def __post_init__(self) -> None:
         for flag in ("enabled", "shadow", "mutations_only", "adaptive", "expose_headers",
@@ -325,6 +403,13 @@ class HttpConfig:
         object.__setattr__(
             self, "_proxies", parse_networks("trusted_proxies", list(self.trusted_proxies))
         )
+        client_ip_header = check_client_ip_header("client_ip_header", self.client_ip_header)
+        forwarded_header = check_forwarded_header("forwarded_header", self.forwarded_header)
+        object.__setattr__(self, "client_ip_header", client_ip_header)
+        object.__setattr__(self, "forwarded_header", forwarded_header)
+        object.__setattr__(self, "_proxy_rules", build_proxy_rules(
+            "client_ip_header", self.__dict__["_proxies"], client_ip_header, forwarded_header
+        ))  # fmt: skip
         if type(self.ipv6_prefix) is not int or not 1 <= self.ipv6_prefix <= 128:
             raise ConfigurationError(f"ipv6_prefix must be 1..128, got {self.ipv6_prefix!r}")
         secret = self.hash_secret
@@ -378,6 +463,12 @@ class HttpConfig:
             raise ConfigurationError(
                 f"headers must be one of {', '.join(HEADER_STYLES)}, got {self.headers!r}"
             )
+        if self.problem_type not in PROBLEM_TYPES:
+            raise ConfigurationError(
+                f"problem_type must be one of {', '.join(PROBLEM_TYPES)}, got {self.problem_type!r}"
+            )
+        if not isinstance(self.partition_key, bool):
+            raise ConfigurationError(f"partition_key must be a bool, got {self.partition_key!r}")
         if (
             isinstance(self.policy_cache_seconds, bool)
             or not isinstance(self.policy_cache_seconds, (int, float))
@@ -393,10 +484,50 @@ class HttpConfig:
             raise ConfigurationError(
                 f"unavailable_retry_after must be 1..3600 seconds, got {self.unavailable_retry_after!r}"
             )
+        ceiling = self.unvalidated_token_ceiling
+        if ceiling is not None and (
+            isinstance(ceiling, bool)
+            or not isinstance(ceiling, (int, float))
+            or not MIN_FACTOR <= ceiling <= MAX_FACTOR
+        ):
+            raise ConfigurationError(
+                f"unvalidated_token_ceiling must be None or a number between {MIN_FACTOR:g}"
+                f" and {MAX_FACTOR:g}, got {ceiling!r}"
+            )
         if not isinstance(self.key_prefix, str) or not _NAME.match(self.key_prefix):
             raise ConfigurationError(
                 f"key_prefix must be 1-40 of [A-Za-z0-9_.-], got {self.key_prefix!r}"
             )
+        horizon = self.pressure_horizon
+        if (
+            isinstance(horizon, bool)
+            or not isinstance(horizon, (int, float))
+            or not 0 <= horizon <= 3600
+        ):
+            raise ConfigurationError(f"pressure_horizon must be 0..3600 seconds, got {horizon!r}")
+        if not isinstance(self.velocity, bool):
+            raise ConfigurationError(f"velocity must be a bool, got {self.velocity!r}")
+        half_life = self.velocity_half_life
+        if (
+            isinstance(half_life, bool)
+            or not isinstance(half_life, (int, float))
+            or not 0 < half_life <= 86400
+        ):
+            raise ConfigurationError(
+                f"velocity_half_life must be above 0 and at most 86400 seconds, got {half_life!r}"
+            )
+        if type(self.velocity_max_keys) is not int or not 1 <= self.velocity_max_keys <= 10_000_000:
+            raise ConfigurationError(
+                f"velocity_max_keys must be 1..10000000, got {self.velocity_max_keys!r}"
+            )
+        if type(self.abuse_threshold) is not int or not 0 <= self.abuse_threshold <= 2**62:
+            raise ConfigurationError(
+                f"abuse_threshold must be a whole number 0..2**62 (0: off), got {self.abuse_threshold!r}"
+            )
+        for name in ("abuse_window", "abuse_interval"):
+            value = getattr(self, name)
+            if type(value) is not int or not 1 <= value <= MAX_WINDOW:
+                raise ConfigurationError(f"{name} must be 1..{MAX_WINDOW} seconds, got {value!r}")
 
     # -- derived values, computed once at construction --------------------------
 
@@ -404,6 +535,12 @@ class HttpConfig:
     def proxies(self) -> tuple[Network, ...]:
         networks: tuple[Network, ...] = self.__dict__["_proxies"]
         return networks
+
+    @property
+    def proxy_rules(self) -> ProxyRules:
+        """How the client address is read behind the trusted proxies (see `client_ip`)."""
+        rules: ProxyRules = self.__dict__["_proxy_rules"]
+        return rules
 
     @property
     def secret(self) -> bytes | None:
@@ -418,7 +555,7 @@ class HttpConfig:
     def excluded(self, path: str) -> bool:
         """Whether `path` is never limited."""
         pattern: re.Pattern[str] | None = self.__dict__["_exclude"]
-        return pattern is not None and pattern.match(path) is not None
+        return pattern is not None and pattern.fullmatch(path) is not None
 
     def route_for(self, method: str, path: str) -> RoutePolicy | None:
         """The first route class covering the request, else the default (maybe None)."""
@@ -465,6 +602,8 @@ ENV_VARS: Mapping[str, str] = {
     "QUOTA_EXCLUDE": "comma-separated path patterns never limited",
     "QUOTA_MUTATIONS_ONLY": "only POST/PUT/PATCH/DELETE count",
     "QUOTA_TRUSTED_PROXIES": "comma-separated CIDRs whose forwarding headers are believed",
+    "QUOTA_CLIENT_IP_HEADER": "client-IP header: a name from every trusted proxy, or 'cidr=name,…'",
+    "QUOTA_FORWARDED_HEADER": "chain header of the trusted proxies: x-forwarded-for or forwarded",
     "QUOTA_HASH_SECRET": "key of the IP/token hashes (>= 16 bytes); alias RATE_LIMIT_SECRET",
     "QUOTA_HMAC_KEYS": "signed callers: 'keyid:secret,keyid2:secret2'; AGENT_HMAC_SECRET adds key id 'default'",
     "QUOTA_HMAC_WINDOW": "seconds a signature is valid either side of its timestamp",
@@ -472,9 +611,19 @@ ENV_VARS: Mapping[str, str] = {
     "QUOTA_PLAN_SCALES": "e.g. 'enterprise=3,pro=1.5'",
     "QUOTA_ADAPTIVE": "lower capacity under system pressure",
     "QUOTA_HEADERS": "both, legacy, ietf or none",
+    "QUOTA_PROBLEM_TYPE": "body of the 429: quota-exceeded (default) or about:blank",
+    "QUOTA_PARTITION_KEY": "add pk (a keyed digest of the caller's bucket) to the IETF fields",
     "QUOTA_RUNTIME_POLICIES": "read overrides from the quota_policies table",
-    "QUOTA_POLICY_CACHE_SECONDS": "how long database overrides are cached",
+    "QUOTA_POLICY_CACHE_SECONDS": "period of the overrides' refresh; changes apply on every worker at its boundaries",
     "QUOTA_KEY_PREFIX": "first part of every key",
+    "QUOTA_UNVALIDATED_TOKEN_CEILING": "per-IP ceiling of unvalidated tokens, x the auth tier's limits ('off': none)",
+    "QUOTA_PRESSURE_HORIZON": "seconds ahead adaptive capacity predicts pressure (0: the moving average alone)",
+    "QUOTA_VELOCITY": "track each key's request rate (default true)",
+    "QUOTA_VELOCITY_HALF_LIFE": "seconds in which a key's tracked rate halves (default 10)",
+    "QUOTA_VELOCITY_MAX_KEYS": "keys whose request rate is tracked (default 10000)",
+    "QUOTA_ABUSE_THRESHOLD": "429s to one key within QUOTA_ABUSE_WINDOW that raise an abuse alert (0: off; default 100)",
+    "QUOTA_ABUSE_WINDOW": "seconds over which QUOTA_ABUSE_THRESHOLD counts (default 60)",
+    "QUOTA_ABUSE_INTERVAL": "seconds a key stays quiet after an abuse alert (default 900)",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -658,6 +807,7 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
         "mutations_only": ("QUOTA_MUTATIONS_ONLY",),
         "adaptive": ("QUOTA_ADAPTIVE",),
         "runtime_policies": ("QUOTA_RUNTIME_POLICIES",),
+        "partition_key": ("QUOTA_PARTITION_KEY",),
     }
     for setting, names in booleans.items():
         if found := _get(env, *names):
@@ -671,6 +821,15 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
     if found := _get(env, "QUOTA_TRUSTED_PROXIES"):
         parse_networks(f"${found[0]}", found[1])
         out["trusted_proxies"] = tuple(p.strip() for p in found[1].split(",") if p.strip())
+    if found := _get(env, "QUOTA_CLIENT_IP_HEADER"):
+        name = f"${found[0]}"
+        text = found[1].strip()
+        header = check_client_ip_header(name, _pairs(*found, "=") if "=" in text else text)
+        trusted = parse_networks("trusted_proxies", list(out.get("trusted_proxies", ())))
+        build_proxy_rules(name, trusted, header)
+        out["client_ip_header"] = header
+    if found := _get(env, "QUOTA_FORWARDED_HEADER"):
+        out["forwarded_header"] = check_forwarded_header(f"${found[0]}", found[1])
     if found := _get(env, "QUOTA_HASH_SECRET", "RATE_LIMIT_SECRET"):
         if len(_utf8(f"${found[0]}", found[1])) < 16:
             raise ConfigurationError(f"${found[0]} must be at least 16 bytes long")
@@ -713,6 +872,12 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
                 f"${found[0]} must be one of {', '.join(HEADER_STYLES)}, got {found[1]!r}"
             )
         out["headers"] = found[1].strip()
+    if found := _get(env, "QUOTA_PROBLEM_TYPE"):
+        if found[1].strip() not in PROBLEM_TYPES:
+            raise ConfigurationError(
+                f"${found[0]} must be one of {', '.join(PROBLEM_TYPES)}, got {found[1]!r}"
+            )
+        out["problem_type"] = found[1].strip()
     if found := _get(env, "QUOTA_POLICY_CACHE_SECONDS"):
         out["policy_cache_seconds"] = _float(*found, maximum=3600)
     if found := _get(env, "QUOTA_KEY_PREFIX"):
@@ -721,6 +886,25 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
                 f"${found[0]} must be 1-40 of [A-Za-z0-9_.-], got {found[1]!r}"
             )
         out["key_prefix"] = found[1].strip()
+    if found := _get(env, "QUOTA_UNVALIDATED_TOKEN_CEILING"):
+        off = found[1].strip().lower() in _FALSE | {"none"}
+        out["unvalidated_token_ceiling"] = (
+            None if off else _float(*found, minimum=MIN_FACTOR, maximum=MAX_FACTOR)
+        )
+    if found := _get(env, "QUOTA_PRESSURE_HORIZON"):
+        out["pressure_horizon"] = _float(*found, maximum=3600)
+    if found := _get(env, "QUOTA_VELOCITY"):
+        out["velocity"] = _bool(*found)
+    if found := _get(env, "QUOTA_VELOCITY_HALF_LIFE"):
+        out["velocity_half_life"] = _float(*found, maximum=86400, exclusive=True)
+    if found := _get(env, "QUOTA_VELOCITY_MAX_KEYS"):
+        out["velocity_max_keys"] = _int(*found, maximum=10_000_000)
+    if found := _get(env, "QUOTA_ABUSE_THRESHOLD"):
+        out["abuse_threshold"] = _int(*found, minimum=0, maximum=2**62)
+    for setting, name in (("abuse_window", "QUOTA_ABUSE_WINDOW"),
+                          ("abuse_interval", "QUOTA_ABUSE_INTERVAL")):  # fmt: skip
+        if found := _get(env, name):
+            out[setting] = _int(*found, maximum=MAX_WINDOW)
     policies = out.get("policies", ())
     for policy in policies:
         if not isinstance(policy, RoutePolicy):

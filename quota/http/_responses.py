@@ -7,6 +7,9 @@ for instance into a JSON-RPC error object for an MCP endpoint.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -22,12 +25,17 @@ Headers = list[tuple[str, str]]
 PROBLEM_JSON = "application/problem+json"
 RATE_LIMITED = "RATE_LIMITED"
 UNAVAILABLE = "RATE_LIMIT_UNAVAILABLE"
+#: The draft's problem type for requests over one or more quota policies (status 429).
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
 LEGACY_HEADERS = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset")
 IETF_HEADERS = ("RateLimit", "RateLimit-Policy")
 #: Every header a browser client may want to read; list them in your CORS
 #: middleware's ``expose_headers`` if it overwrites ours.
-EXPOSE_HEADERS = (*LEGACY_HEADERS, *IETF_HEADERS, "Retry-After")
+EXPOSE_HEADERS = (
+    *LEGACY_HEADERS, "X-RateLimit-Lane", "X-RateLimit-Scope", "X-RateLimit-Tenant-Remaining",
+    *IETF_HEADERS, "Retry-After",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +88,8 @@ class RateShape:
 
     name: str
     """The quoted policy name."""
+    label: str
+    """The policy name unquoted, as ``violated-policies`` lists it."""
     algorithm: str
     quota: int
     """``q``: the limit per window, or a refill algorithm's sustained rate per `window`."""
@@ -97,19 +107,20 @@ class RateShape:
         return text if self.burst is None else f"{text}, bursts of {self.burst}"
 
 
-def _rate_shape(name: str, rate: Rate | tuple[int, int]) -> RateShape:
+def _rate_shape(label: str, rate: Rate | tuple[int, int]) -> RateShape:
+    name = _sf_string(label)
     if isinstance(rate, tuple):  # (limit, window) of a fixed window
         limit, window = rate
-        return RateShape(name, FIXED_WINDOW, limit, window, None, float(window))
+        return RateShape(name, label, FIXED_WINDOW, limit, window, None, float(window))
     algorithm, window = rate.algorithm, rate.window
     if algorithm not in (TOKEN_BUCKET, GCRA):
-        return RateShape(name, algorithm, rate.limit, window, None, float(window))
+        return RateShape(name, label, algorithm, rate.limit, window, None, float(window))
     # GCRA spaces hits window / limit apart whatever the refill says; a token
     # bucket refills at `rate.rate` (limit / window unless set apart).
     per_second = rate.rate if algorithm == TOKEN_BUCKET else rate.limit / window
     quota, window = _as_quota(per_second, window)
     burst = rate.capacity if rate.capacity != quota else None
-    return RateShape(name, algorithm, quota, window, burst, quota / per_second)
+    return RateShape(name, label, algorithm, quota, window, burst, quota / per_second)
 
 
 def _as_quota(per_second: float, window: int) -> tuple[int, int]:
@@ -129,20 +140,20 @@ class PolicyShape:
     `limits` holds `Rate`s (or ``(limit, window)`` pairs, fixed windows).
     """
 
-    __slots__ = ("by_window", "first", "policy", "rates")
+    __slots__ = ("by_window", "first", "items", "policy", "rates")
 
     def __init__(self, route: str, limits: Sequence[Rate | tuple[int, int]]) -> None:
         names = [route] if len(limits) == 1 else [f"{route}-{i}" for i in range(len(limits))]
-        self.rates = [
-            _rate_shape(_sf_string(name), rate) for name, rate in zip(names, limits, strict=True)
-        ]
-        #: The ``RateLimit-Policy`` value: every rate, ``"name";q=<quota>;w=<window>``, and
+        self.rates = [_rate_shape(name, rate) for name, rate in zip(names, limits, strict=True)]
+        #: Each rate as a policy item: ``"name";q=<quota>;w=<window>``, and
         #: ``;quota-burst=<burst>`` for a token bucket or GCRA whose burst is not its quota.
-        self.policy = ", ".join(
+        self.items = [
             f"{r.name};q={r.quota};w={r.window}"
             + ("" if r.burst is None else f";{BURST_PARAM}={r.burst}")
             for r in self.rates
-        )
+        ]
+        #: The ``RateLimit-Policy`` value without a partition key: every item.
+        self.policy = ", ".join(self.items)
         self.first = self.rates[0]
         self.by_window: dict[int, RateShape] = {}
         for shape, rate in zip(self.rates, limits, strict=True):
@@ -152,10 +163,29 @@ class PolicyShape:
         """The rate with this window (the one that decided; a `Decision` names its window)."""
         return self.by_window.get(window, self.first)
 
+    def policy_with(self, pk: str) -> str:
+        """The ``RateLimit-Policy`` value with ``;pk=<pk>`` on every item."""
+        return ", ".join(f"{item};pk={pk}" for item in self.items)
+
+
+def partition_key(key: str, secret: bytes) -> str:
+    """The ``pk`` parameter for the counter `key`: ``:<base64>:``, an SF Byte Sequence.
+
+    The first 12 bytes of an HMAC-SHA256 of `key` under `secret` (the hash
+    secret): the same counter always gives the same value, on every instance
+    sharing the secret, and the value reveals nothing of the caller (neither
+    IP, token nor key id) to whoever reads it.
+    """
+    digest = hmac.new(
+        secret, b"quota-pk\x00" + key.encode("utf-8", "surrogatepass"), hashlib.sha256
+    ).digest()
+    return ":" + base64.b64encode(digest[:12]).decode("ascii") + ":"
+
 
 def rate_limit_headers(
-    decision: Decision, shape: PolicyShape, now: float, style: str, *, retry_after: bool
-) -> Headers:
+    decision: Decision, shape: PolicyShape, now: float, style: str, *, retry_after: bool,
+    partition: str | None = None, secret: bytes = b"",
+) -> Headers:  # fmt: skip
     """The rate-limit headers for `decision` under a class whose rates `shape` describes.
 
     ``legacy``: ``X-RateLimit-Limit``, ``-Remaining``, ``-Reset`` (epoch
@@ -164,6 +194,8 @@ def rate_limit_headers(
     (a token bucket's or GCRA's sustained rate, its burst apart as
     ``quota-burst``) and ``RateLimit`` naming the one that decided with
     ``r=<remaining>;t=<seconds to reset>``. ``Retry-After`` when asked.
+    With `partition` (the key the request counted on), both IETF fields
+    carry ``pk``, its `partition_key` under `secret`.
 
     ``t`` and ``X-RateLimit-Reset`` name one moment: on a denial, when the same
     request passes (``t`` equals ``Retry-After``); when allowed, when the
@@ -184,10 +216,17 @@ def rate_limit_headers(
             ("X-RateLimit-Reset", str(reset_at)),
         ]
     if style != "legacy":
-        out += [
-            ("RateLimit-Policy", shape.policy),
-            ("RateLimit", f"{rate.name};r={remaining};t={reset_in}"),
-        ]
+        if partition is None:
+            out += [
+                ("RateLimit-Policy", shape.policy),
+                ("RateLimit", f"{rate.name};r={remaining};t={reset_in}"),
+            ]
+        else:
+            pk = partition_key(partition, secret)
+            out += [
+                ("RateLimit-Policy", shape.policy_with(pk)),
+                ("RateLimit", f"{rate.name};r={remaining};t={reset_in};pk={pk}"),
+            ]
     if retry_after:
         out.append(("Retry-After", str(decision.retry_after)))
     return out
@@ -242,13 +281,19 @@ def problem(
 
 
 def too_many_requests(
-    decision: Decision, headers: Headers, shape: PolicyShape | None = None
-) -> HttpResponse:
+    decision: Decision, headers: Headers, shape: PolicyShape | None = None,
+    problem_type: str = "quota-exceeded",
+) -> HttpResponse:  # fmt: skip
     """The default 429: ``application/problem+json`` with ``code: RATE_LIMITED`` and ``retry_after``.
 
-    The detail, ``limit`` and ``window`` state the rate that decided as
-    `shape` describes it (a token bucket's or GCRA's sustained rate, and its
-    ``burst``); without `shape`, the decision's limit and window.
+    `problem_type` ``quota-exceeded``: the draft's problem type
+    (`QUOTA_EXCEEDED`, title ``Quota Exceeded``) with ``violated-policies``
+    naming the policy that denied, as ``RateLimit-Policy`` names it.
+    ``about:blank``: title ``Too Many Requests`` and no ``violated-policies``.
+    Either way the detail, ``limit`` and ``window`` state the rate that
+    decided as `shape` describes it (a token bucket's or GCRA's sustained
+    rate, and its ``burst``); without `shape`, the decision's limit and window
+    (and no ``violated-policies``: no policy is named).
     """
     if shape is None:
         rate = _rate_shape("", (decision.limit, decision.window))
@@ -258,7 +303,18 @@ def too_many_requests(
     extra: dict[str, object] = {"limit": rate.quota, "window": rate.window}
     if rate.burst is not None:
         extra["burst"] = rate.burst
-    body = problem(429, "Too Many Requests", detail, RATE_LIMITED, decision.retry_after, **extra)
+    if problem_type == "about:blank":
+        body = problem(
+            429, "Too Many Requests", detail, RATE_LIMITED, decision.retry_after, **extra
+        )
+    else:
+        document: dict[str, object] = {
+            "type": QUOTA_EXCEEDED, "title": "Quota Exceeded", "status": 429, "detail": detail,
+        }  # fmt: skip
+        if shape is not None:
+            document["violated-policies"] = [rate.label]
+        document.update(code=RATE_LIMITED, retry_after=decision.retry_after, **extra)
+        body = json.dumps(document, separators=(",", ":")).encode()
     return HttpResponse(429, _with_body_headers(headers, len(body)), body)
 
 

@@ -32,6 +32,7 @@ from collections.abc import (
 from typing import Any
 from urllib.parse import quote
 
+from quota._abuse import AlertCallback
 from quota._limiter import AsyncLimiter, Limiter, connect_async
 from quota._url import default_url, parse_url
 from quota.http._core import (
@@ -161,13 +162,14 @@ def build_guard(
     token_validator: TokenValidator | None, response_factory: ResponseFactory | None,
     plans: Plans | None, pressure: Callable[[], float] | None,
     clock: Callable[[], float] | None, observer: ObserverLike | None,
+    on_abuse: AlertCallback | None = None,
 ) -> Guard:  # fmt: skip
     if config is None:
         config = HttpConfig.from_env(default=DEFAULT_POLICY)
     return Guard(
         config, dialect=limiters.dialect, identify=identify, token_validator=token_validator,
         response_factory=response_factory, plans=plans, pressure=pressure,
-        clock=clock or limiters.clock() or time.time, observer=observer,
+        clock=clock or limiters.clock() or time.time, observer=observer, on_abuse=on_abuse,
     )  # fmt: skip
 
 
@@ -234,8 +236,11 @@ class QuotaMiddleware:
     defaults to `HttpConfig.from_env` with a default class of 60/minute.
     Hooks: `identify` (the app's own tier), `token_validator`,
     `response_factory`, `plans` (tenant plan cache), `pressure` (adaptive
-    capacity source), `clock`, `observer` (metrics events). Raises
-    `ConfigurationError` at construction for bad settings.
+    capacity source), `clock`, `observer` (metrics events), `on_abuse`
+    (``on_abuse(key, count)`` once per key per ``abuse_interval`` when one key
+    draws over ``abuse_threshold`` 429s within ``abuse_window``; the key is
+    the hashed key counted). Raises `ConfigurationError` at construction for
+    bad settings.
 
     CORS works in either order: preflights (``OPTIONS`` with ``Origin`` and
     ``Access-Control-Request-Method``) pass through uncounted, and a 429/503
@@ -261,6 +266,7 @@ class QuotaMiddleware:
         clock: Callable[[], float] | None = None,
         observer: ObserverLike | None = None,
         cors_origins: str | Sequence[str] | None = None,
+        on_abuse: AlertCallback | None = None,
     ) -> None:
         self.app = app
         self.cors = find_cors(app) if cors_origins is None else CorsOrigins.of(cors_origins)
@@ -268,7 +274,7 @@ class QuotaMiddleware:
         self.guard = build_guard(
             self.limiters, config, identify=identify, token_validator=token_validator,
             response_factory=response_factory, plans=plans, pressure=pressure, clock=clock,
-            observer=observer,
+            observer=observer, on_abuse=on_abuse,
         )  # fmt: skip
         self.metrics = self.guard.metrics
 

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from quota._abuse import AlertCallback
 from quota._algorithms import Rate
 from quota._limiter import AsyncLimiter, Limiter
 from quota.http._core import ObserverLike
@@ -96,6 +97,7 @@ class RateLimit:
         pressure: Callable[[], float] | None = None,
         clock: Callable[[], float] | None = None,
         observer: ObserverLike | None = None,
+        on_abuse: AlertCallback | None = None,
     ) -> None:
         policy = RoutePolicy(
             name=name, rates=rates, cost=cost, algorithm=algorithm, fail_open=fail_open,
@@ -106,7 +108,7 @@ class RateLimit:
         self.guard = build_guard(
             self.limiters, replace(base, policies=(), default=policy), identify=identify,
             token_validator=token_validator, response_factory=response_factory, plans=plans,
-            pressure=pressure, clock=clock, observer=observer,
+            pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
         )  # fmt: skip
         self.metrics = self.guard.metrics
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from quota._abuse import AlertCallback
 from quota._limiter import Limiter, connect
 from quota._url import default_url, parse_url
 from quota.http._core import Guard, ObserverLike, Verdict, drive_sync, sync_effects
@@ -100,6 +101,7 @@ class QuotaWSGIMiddleware:
         clock: Callable[[], float] | None = None,
         observer: ObserverLike | None = None,
         cors_origins: str | Sequence[str] | None = None,
+        on_abuse: AlertCallback | None = None,
     ) -> None:
         self.app = app
         self.cors = CorsOrigins.of(cors_origins)
@@ -115,6 +117,7 @@ class QuotaWSGIMiddleware:
             config, dialect=limiter.store.dialect, identify=identify,
             token_validator=token_validator, response_factory=response_factory, plans=plans,
             pressure=pressure, clock=clock or limiter.options.app_clock, observer=observer,
+            on_abuse=on_abuse,
         )  # fmt: skip
         self.metrics = self.guard.metrics
         self._effects = sync_effects(limiter)
@@ -123,7 +126,7 @@ class QuotaWSGIMiddleware:
         if not self.guard.config.enabled:
             return self.app(environ, start_response)
         if (
-            environ.get("REQUEST_METHOD") == "OPTIONS"
+            environ.get("REQUEST_METHOD", "").upper() == "OPTIONS"
             and "HTTP_ORIGIN" in environ
             and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
         ):  # a CORS preflight: flask-cors or the app answers it, uncounted
