@@ -1,7 +1,8 @@
 """``quota doctor``: the CLI face of `quota.diagnose`.
 
-Exit codes: 0 when no finding is an error (warnings are printed but pass,
-unless ``--strict``), 3 when one is (or, with ``--strict``, any warning).
+Exit codes, as for every command: 0 when no finding is an error (warnings
+are printed but pass, unless ``--strict``), 2 when the URL itself is bad, 3
+when another finding is an error (or, with ``--strict``, any warning).
 """
 
 from __future__ import annotations
@@ -13,24 +14,23 @@ import click
 
 import quota
 from quota._doctor import ERROR, OK, WARN, display_url
-from quota._url import ENV_VAR
 
-from .main import EXIT_ERROR, Number, main
+from .main import EXIT_ERROR, EXIT_USAGE, Number, main, url_option
 
 _MARK = {OK: "ok", WARN: "WARN", ERROR: "ERROR"}
 
 
 def exit_code(findings: list[quota.Finding], *, strict: bool = False) -> int:
-    """0, or `EXIT_ERROR` when a finding is an error (or, if `strict`, a warning)."""
+    """0; `EXIT_USAGE` when the URL is bad (as every command); else `EXIT_ERROR` when a
+    finding is an error (or, if `strict`, a warning)."""
+    if any(f.check == "url" and f.severity == ERROR for f in findings):
+        return EXIT_USAGE
     failing = {ERROR, WARN} if strict else {ERROR}
     return EXIT_ERROR if any(f.severity in failing for f in findings) else 0
 
 
 @main.command()
-@click.option(
-    "--url", "command_url",
-    help=f"Database URL; overrides `quota --url` and ${ENV_VAR}.",
-)  # fmt: skip
+@url_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--strict", is_flag=True, help="Exit 3 on warnings too (for CI gates).")
 @click.option(
@@ -38,17 +38,16 @@ def exit_code(findings: list[quota.Finding], *, strict: bool = False) -> int:
     help="Seconds allowed for the connection and for each query.",
 )  # fmt: skip
 @click.pass_context
-def doctor(
-    ctx: click.Context, command_url: str | None, as_json: bool, strict: bool, timeout: float
-) -> None:
+def doctor(ctx: click.Context, as_json: bool, strict: bool, timeout: float) -> None:
     """Check the database and print what to fix.
 
     Connectivity, schema revision, SQLite version and WAL, PostgreSQL table
     settings (UNLOGGED, fillfactor, HOT updates) and clock skew between this
-    host and the database. Exits 0 when nothing is an error (warnings pass
-    unless --strict), 3 otherwise.
+    host and the database. Changes nothing (a missing SQLite file is
+    reported, not created). Exits 0 when nothing is an error (warnings pass
+    unless --strict), 2 for a bad URL, 3 otherwise.
     """
-    url: str = command_url or ctx.obj["url"]
+    url: str = ctx.obj["url"]
     findings = quota.diagnose(url, timeout=timeout)
     code = exit_code(findings, strict=strict)
     counts = {severity: sum(f.severity == severity for f in findings) for severity in _MARK}

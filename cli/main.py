@@ -1,16 +1,22 @@
 """The ``quota`` command: a thin click layer over the library's public functions.
 
-Exit codes (every command):
+Exit codes (every command; `EXIT_CODES` is the table ``quota --help`` shows):
 
-    0  done; for ``hit`` and ``peek``: allowed
-    1  an unexpected crash (a bug: please report it)
-    2  usage error (bad option or argument)
-    3  the database, the URL or the schema is wrong (message on stderr)
-    4  ``hit`` / ``peek`` only: denied
+    0    done; for ``hit`` and ``peek``: allowed
+    1    an unexpected error (a bug: please report it)
+    2    usage: a bad option, argument or URL, or a store that cannot do this
+    3    the database: unreachable, absent (a SQLite file that does not exist),
+         schema missing or behind, or a database error; ``doctor``: an error found
+    4    the answer is no: ``hit`` / ``peek`` denied, ``policy delete`` found nothing
+    130  interrupted (Ctrl-C): what was done so far is printed
+
+Text output gives times as a person reads them (``resets in 1m12s
+(2026-01-31T12:03:00Z)``); ``--json`` keeps epoch seconds.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
@@ -27,25 +33,139 @@ from typing import Any, TypeVar
 import click
 
 import quota
+from quota import _ops
 from quota._core import parse_duration
-from quota._url import DEFAULT_URL, ENV_VAR
+from quota._url import DEFAULT_URL, ENV_VAR, parse_url, redact
 
+EXIT_OK = 0
+EXIT_CRASH = 1
+EXIT_USAGE = 2
 EXIT_ERROR = 3
 EXIT_DENIED = 4
+EXIT_INTERRUPTED = 130
+
+#: The exit-code table, as ``quota --help`` prints it (``\b``: click keeps the lines).
+EXIT_CODES = """Exit codes, the same for every command:
+
+\b
+  0    done; allowed (hit, peek)
+  1    an unexpected error (a bug: please report it)
+  2    usage: a bad option, argument or URL
+  3    the database: unreachable, absent, schema missing or behind, a database
+       error; doctor: an error found
+  4    the answer is no: denied (hit, peek), no such override (policy delete)
+  130  interrupted (Ctrl-C); what was done so far is printed
+
+Text output gives times as "in 1m12s (2026-01-31T12:03:00Z)", in UTC;
+--json gives epoch seconds.
+"""
+
+#: Seconds between two progress lines of a long command.
+PROGRESS_EVERY = 1.0
 
 T = TypeVar("T")
 
 
+def _fail(message: str, code: int = EXIT_ERROR) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
 @contextmanager
 def _errors() -> Iterator[None]:
-    """Turn library errors into a one-line message and exit code 3."""
+    """Turn library errors into a one-line message: exit 2 for bad input, 3 for the database."""
     try:
         yield
     except quota.ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     except quota.QuotaError as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        _fail(str(exc))
+
+
+# -- times as a person reads them ----------------------------------------------------------
+
+_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def human_duration(seconds: float) -> str:
+    """``42s``, ``1m12s``, ``3h5m``, ``2d1h``: the two largest units, rounded up to a second."""
+    left = max(0, math.ceil(seconds))
+    parts = []
+    for unit, size in _UNITS:
+        amount, left = divmod(left, size)
+        parts.append((amount, unit))
+    first = next((i for i, (amount, _) in enumerate(parts) if amount), len(parts) - 1)
+    shown = [f"{amount}{unit}" for amount, unit in parts[first : first + 2] if amount]
+    return "".join(shown) or "0s"
+
+
+def utc(epoch: float) -> str:
+    """`epoch` as ISO 8601 in UTC: ``2026-01-31T12:03:00Z`` (milliseconds when it has them)."""
+    moment = dt.datetime.fromtimestamp(epoch, dt.timezone.utc)
+    fraction = f".{moment.microsecond // 1000:03d}" if epoch != int(epoch) else ""
+    return f"{moment:%Y-%m-%dT%H:%M:%S}{fraction}Z"
+
+
+def when(epoch: float, now: float) -> str:
+    """``in 1m12s (2026-01-31T12:03:00Z)``, or ``3s ago (…)`` for a moment past."""
+    if epoch >= now:
+        return f"in {human_duration(epoch - now)} ({utc(epoch)})"
+    return f"{human_duration(now - epoch)} ago ({utc(epoch)})"
+
+
+# -- where lines go -------------------------------------------------------------------------
+
+
+class Echo:
+    """A command's output: results on stdout, messages on stderr.
+
+    `stamped` (``--every``): each line starts with the UTC time, and ``--json``
+    prints one object per line with a ``time`` field.
+    """
+
+    def __init__(self, *, stamped: bool = False) -> None:
+        self.stamped = stamped
+
+    def _lines(self, text: str) -> str:
+        if not self.stamped:
+            return text
+        now = utc(int(time.time()))
+        return "\n".join(f"{now} {line}" for line in text.splitlines() or [""])
+
+    def out(self, text: str) -> None:
+        click.echo(self._lines(text))
+
+    def err(self, text: str) -> None:
+        click.echo(self._lines(text), err=True)
+
+    def emit(self, data: Any, as_json: bool, text: str) -> None:
+        if not as_json:
+            self.out(text)
+        elif self.stamped:
+            click.echo(json.dumps({"time": utc(int(time.time())), **data}, sort_keys=True))
+        else:
+            click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _emit(data: Any, as_json: bool, text: str) -> None:
+    Echo().emit(data, as_json, text)
+
+
+def _on_terminal() -> bool:
+    stream = sys.stderr
+    return stream is not None and stream.isatty()
+
+
+def _wants_progress(flag: bool | None) -> bool:
+    """``--progress``/``--no-progress``, else whether stderr is a terminal (not cron, not a pipe)."""
+    return _on_terminal() if flag is None else flag
+
+
+_progress_option = click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Report progress on stderr as the work goes (default: only when stderr is a terminal).",
+)
 
 
 class Whole(click.types.IntParamType):
@@ -121,26 +241,51 @@ def _set_url(ctx: click.Context, _param: click.Parameter, value: str | None) -> 
         ctx.ensure_object(dict)["url"] = value
 
 
-#: ``quota COMMAND --url URL`` works as well as ``quota --url URL COMMAND``.
+#: ``quota COMMAND --url URL`` works as well as ``quota --url URL COMMAND``; the
+#: one after the command wins. Every command and command group takes it.
 url_option = click.option(
     "--url",
     default=None,
     expose_value=False,
     callback=_set_url,
-    help="Database URL for this command (instead of the global --url).",
+    help=f"Database URL for this command (overrides `quota --url` and ${ENV_VAR}).",
 )
 
 
-def _limiter(ctx: click.Context) -> quota.Limiter:
+def _require_database(url: str) -> None:
+    """Exit 3 when `url` names a SQLite file that does not exist (connecting would create it)."""
     with _errors():
-        return quota.connect(_url(ctx))
+        parsed = parse_url(url)
+    if parsed.dialect != "sqlite" or parsed.target.startswith("file:"):
+        return
+    if not Path(parsed.target).exists():
+        _fail(
+            f"the database does not exist: no SQLite file at {Path(parsed.target).absolute()};"
+            f" create it with `quota --url '{redact(url)}' migrate` (or check the path)"
+        )
 
 
-def _emit(data: Any, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+def _limiter(ctx: click.Context) -> quota.Limiter:
+    """The limiter of ``--url``; exit 3 if it names a SQLite file that does not exist."""
+    url = _url(ctx)
+    _require_database(url)
+    with _errors():
+        return quota.connect(url)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The root group: Ctrl-C anywhere is exit 130 with one line, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # On a terminal, off the line where Ctrl-C echoed "^C".
+            click.echo(("\n" if _on_terminal() else "") + "interrupted", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 @click.option(
     "--url",
     envvar=ENV_VAR,
@@ -153,11 +298,21 @@ def _emit(data: Any, as_json: bool, text: str) -> None:
 def main(ctx: click.Context, url: str) -> None:
     """Exact rate limits kept in your SQL database.
 
-    Exit codes: 0 ok/allowed, 1 crash, 2 usage error, 3 database/URL/schema
-    error, 4 denied (hit, peek).
+    Every command also takes --url after its name.
     """
     ctx.ensure_object(dict)
     ctx.obj["url"] = url
+
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _revision_out(ctx: click.Context, as_json: bool) -> None:
+    with _errors():
+        now = quota.current_revision(_url(ctx))
+    click.echo(f"quota schema at {now or 'base (no quota tables)'}", err=True)
+    if as_json:
+        click.echo(json.dumps({"revision": now}))
 
 
 @main.command()
@@ -175,18 +330,25 @@ def main(ctx: click.Context, url: str) -> None:
     help="PostgreSQL: create the counters table range-partitioned by window start, so"
     " cleanup drops whole expired partitions instead of deleting rows.",
 )
+@_json_option
 @click.pass_context
 def migrate(
-    ctx: click.Context, revision: str, sql: bool, logged_counters: bool, partitioned_counters: bool
-) -> None:
-    """Create or upgrade the quota tables (the deploy step)."""
+    ctx: click.Context, revision: str, sql: bool, logged_counters: bool, partitioned_counters: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Create or upgrade the quota tables (the deploy step).
+
+    With --json, prints the revision reached: {"revision": "…"}.
+    """
+    if sql and as_json:
+        raise click.UsageError("--sql prints the SQL, --json the revision reached: give one")
     with _errors():
         quota.migrate(
             _url(ctx), revision=revision, sql=sql, counters_logged=logged_counters,
             counters_partitioned=partitioned_counters,
         )  # fmt: skip
     if not sql:
-        click.echo(f"quota schema at {quota.current_revision(_url(ctx))}", err=True)
+        _revision_out(ctx, as_json)
 
 
 @main.command()
@@ -198,25 +360,33 @@ def migrate(
     help="Drop tables that hold durable rows (quota usage, the ledger, runtime policies);"
     " without it such a downgrade is refused (exit 2, a usage error) and names the tables and row counts.",
 )  # fmt: skip
+@_json_option
 @click.pass_context
-def downgrade(ctx: click.Context, revision: str, sql: bool, drop_data: bool) -> None:
-    """Downgrade the quota tables to REVISION ('base' drops them all)."""
+def downgrade(ctx: click.Context, revision: str, sql: bool, drop_data: bool, as_json: bool) -> None:
+    """Downgrade the quota tables to REVISION ('base' drops them all).
+
+    With --json, prints the revision reached ({"revision": null} at base).
+    """
+    if sql and as_json:
+        raise click.UsageError("--sql prints the SQL, --json the revision reached: give one")
+    if not sql:
+        _require_database(_url(ctx))
     with _errors():
         quota.downgrade(_url(ctx), revision=revision, sql=sql, drop_data=drop_data)
     if not sql:
-        with _errors():
-            now = quota.current_revision(_url(ctx))
-        click.echo(f"quota schema at {now or 'base (no quota tables)'}", err=True)
+        _revision_out(ctx, as_json)
 
 
 def _decision_out(decision: quota.Decision, as_json: bool) -> None:
     headers = decision.headers()
     data = {**asdict(decision), "headers": headers}
     verdict = "allowed" if decision.allowed else "denied"
+    now = time.time()
     lines = [
-        f"{verdict}: {decision.key!r} {decision.count}/{decision.limit} in {decision.window}s window,"
-        f" {decision.remaining} remaining, resets at {decision.reset_at}"
-        + (f", retry after {decision.retry_after}s" if not decision.allowed else ""),
+        f"{verdict}: {decision.key!r} {decision.count}/{decision.limit}"
+        f" in a {human_duration(decision.window)} window, {decision.remaining} remaining,"
+        f" resets {when(decision.reset_at, now)}"
+        + (f", retry in {human_duration(decision.retry_after)}" if not decision.allowed else ""),
         *(f"{name}: {value}" for name, value in headers.items()),
     ]
     _emit(data, as_json, "\n".join(lines))
@@ -234,7 +404,6 @@ _window_option = click.option(
     callback=_duration("window"),
     help="Window: 60, 60s, 1m, 1h, 1d.",
 )
-_json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
 @main.command()
@@ -275,12 +444,14 @@ def peek(ctx: click.Context, key: str, limit: int, window: int, as_json: bool) -
 @url_option
 @click.argument("key")
 @click.option("--window", "-w", callback=_duration("window"), help="Only windows of this length.")
+@_json_option
 @click.pass_context
-def reset(ctx: click.Context, key: str, window: int | None) -> None:
+def reset(ctx: click.Context, key: str, window: int | None, as_json: bool) -> None:
     """Forget KEY's counts, so its next hit starts a fresh window."""
     with _errors(), _limiter(ctx) as limiter:
         deleted = limiter.reset(key, window)
-    click.echo(f"reset {key!r}: {deleted} row(s) deleted")
+    data = {"key": key, "window": window, "deleted": deleted}
+    _emit(data, as_json, f"reset {key!r}: {deleted} row(s) deleted")
 
 
 @main.command()
@@ -292,12 +463,63 @@ def top(ctx: click.Context, count: int, as_json: bool) -> None:
     """The busiest keys in the windows running now."""
     with _errors(), _limiter(ctx) as limiter:
         rows = limiter.top(count)
-    now = int(time.time())
+    now = time.time()
     text = "\n".join(
-        [f"{'COUNT':>8}  {'WINDOW':>7}  {'RESETS IN':>9}  KEY"]
-        + [f"{u.count:>8}  {u.window:>6}s  {max(0, u.reset_at - now):>8}s  {u.key}" for u in rows]
+        [f"{'COUNT':>8}  {'WINDOW':>7}  {'RESETS IN':>9}  {'RESETS AT (UTC)':<20}  KEY"]
+        + [
+            f"{u.count:>8}  {human_duration(u.window):>7}  {human_duration(u.reset_at - now):>9}"
+            f"  {utc(u.reset_at):<20}  {u.key}"
+            for u in rows
+        ]
     )
     _emit([asdict(u) for u in rows], as_json, text)
+
+
+class _Stopped(BaseException):
+    """SIGTERM or Ctrl-C reached ``cleanup --every`` mid-sweep: stop after this slice.
+
+    A BaseException, so no store turns it into a `quota.StorageError`.
+    """
+
+
+class _Sweep:
+    """One cleanup's progress: the rows deleted so far, and a line now and then when shown."""
+
+    def __init__(self, echo: Echo, *, show: bool, stop: threading.Event) -> None:
+        self.echo = echo
+        self.show = show
+        self.stop = stop
+        self.start()
+
+    def start(self) -> None:
+        self.deleted = 0
+        self.ledger = False  # past the rate windows, trimming the ledger
+        self.shown_at = time.monotonic()
+
+    def __call__(self, deleted: int) -> None:
+        self.deleted = deleted
+        if self.show and time.monotonic() - self.shown_at >= PROGRESS_EVERY:
+            self.shown_at = time.monotonic()
+            self.echo.err(f"cleanup: {deleted:,} rows deleted so far")
+        if self.stop.is_set():
+            raise _Stopped
+
+    def summary(self) -> str:
+        done = f"at least {self.deleted:,} rows deleted"
+        if self.ledger:
+            return f"{done}, then stopped while trimming the ledger"
+        return done
+
+
+def _cleanup(
+    limiter: quota.Limiter, *, grace: int, batch_size: int, dry_run: bool, progress: _Sweep
+) -> _ops.CleanupResult:
+    """`Limiter.cleanup`, reporting each committed batch to `progress`."""
+    op = _ops.cleanup(
+        limiter.store.dialect, limiter._clock(), grace=grace, batch_size=batch_size,
+        dry_run=dry_run, progress=progress,
+    )  # fmt: skip
+    return limiter.store.run(op, transaction=False)
 
 
 @main.command()
@@ -312,17 +534,19 @@ def top(ctx: click.Context, count: int, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Only count the expired rows.")
 @click.option(
     "--every", callback=_duration("every"),
-    help="Keep running and clean on this period (e.g. 30m) until SIGTERM or Ctrl-C.",
+    help="Keep running and clean on this period (e.g. 30m) until SIGTERM or Ctrl-C;"
+    " each line starts with the UTC time.",
 )  # fmt: skip
 @click.option(
     "--ledger-older-than", callback=_duration("ledger-older-than"),
     help="Also delete quota ledger entries older than this (e.g. 400d; at least 1d).",
 )  # fmt: skip
+@_progress_option
 @_json_option
 @click.pass_context
 def cleanup(
     ctx: click.Context, grace: int, batch_size: int, dry_run: bool, every: int | None,
-    ledger_older_than: int | None, as_json: bool,
+    ledger_older_than: int | None, progress: bool | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Delete rate windows and algorithm state that have ended. Never touches durable quotas' usage.
 
@@ -331,44 +555,61 @@ def cleanup(
     deleted with them are forgotten).
 
     On PostgreSQL only one cleanup runs at a time: a second one says so and
-    exits 0.
+    exits 0. Ctrl-C stops a cleanup between two batches (every batch deleted
+    stays deleted), says how many rows went and exits 130; under --every,
+    SIGTERM or Ctrl-C stops it the same way and exits 0.
     """
+    if ledger_older_than is not None and ledger_older_than < 86400:
+        raise click.BadParameter("must be at least 1d", param_hint="--ledger-older-than")
+    if every is not None and every < 1:
+        raise click.BadParameter("must be at least 1s", param_hint="--every")
+    echo = Echo(stamped=every is not None)
+    stop = threading.Event()
+    sweep = _Sweep(echo, show=_wants_progress(progress), stop=stop)
 
     def once(limiter: quota.Limiter) -> None:
-        result = limiter.cleanup(grace=grace, batch_size=batch_size, dry_run=dry_run)
+        sweep.start()
+        result = _cleanup(
+            limiter, grace=grace, batch_size=batch_size, dry_run=dry_run, progress=sweep
+        )
         if result.skipped:
             text = "another cleanup is running; skipped"
         elif result.dry_run:
-            text = f"{result.expired} expired row(s) would be deleted"
+            text = f"{result.expired:,} expired row(s) would be deleted"
         else:
-            text = f"deleted {result.deleted} expired row(s)"
+            text = f"deleted {result.deleted:,} expired row(s)"
         data: dict[str, Any] = asdict(result)
         if ledger_older_than is not None:
+            sweep.ledger = True
             kept = limiter.cleanup_ledger(
                 older_than=ledger_older_than, batch_size=batch_size, dry_run=dry_run
             )
             data["ledger"] = asdict(kept)
             verb = "would be deleted" if kept.dry_run else "deleted"
             text += f"\n{kept.expired} ledger entr{'y' if kept.expired == 1 else 'ies'} {verb}"
-        _emit(data, as_json, text)
+        echo.emit(data, as_json, text)
 
-    if ledger_older_than is not None and ledger_older_than < 86400:
-        raise click.BadParameter("must be at least 1d", param_hint="--ledger-older-than")
     with _errors(), _limiter(ctx) as limiter:
-        if every is None:
-            once(limiter)
-            return
-        if every < 1:
-            raise click.BadParameter("must be at least 1s", param_hint="--every")
-        _every(every, lambda: once(limiter))
+        try:
+            if every is None:
+                once(limiter)
+            else:
+                _every(every, lambda: once(limiter), echo, stop)
+        except KeyboardInterrupt:
+            what = "nothing deleted (a dry run)" if dry_run else sweep.summary()
+            if _on_terminal():
+                click.echo(err=True)  # off the line where Ctrl-C echoed "^C"
+            echo.err(f"cleanup interrupted: {what}; run it again to finish")
+            sys.exit(EXIT_INTERRUPTED)
+        except _Stopped:
+            echo.err(f"stopped mid-sweep: {sweep.summary()}")
 
 
-def _every(period: int, job: Callable[[], None]) -> None:
+def _every(period: int, job: Callable[[], None], echo: Echo, stop: threading.Event) -> None:
     """Run `job` now and then every `period` seconds until SIGTERM/SIGINT; survive failing runs."""
-    stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        click.echo(f"received {signal.Signals(signum).name}, stopping", err=True)
+        echo.err(f"received {signal.Signals(signum).name}, stopping")
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -378,7 +619,7 @@ def _every(period: int, job: Callable[[], None]) -> None:
                 job()
             except quota.QuotaError as exc:
                 # A scheduler must outlive a database blip: report, retry next period.
-                click.echo(f"Error: {exc}", err=True)
+                echo.err(f"Error: {exc}")
             stop.wait(period)
     finally:
         for sig, handler in previous.items():
@@ -455,6 +696,7 @@ def demo(ctx: click.Context, clients: int) -> None:
     help="Connections quota's side may open (default: one per caller, like the bare side):"
     " fewer measures callers sharing a pool.",
 )  # fmt: skip
+@_progress_option
 @_json_option
 @click.pass_context
 def bench(
@@ -470,6 +712,7 @@ def bench(
     cleanup_rows: int,
     fallback: bool,
     pool_size: int | None,
+    progress: bool | None,
     as_json: bool,
 ) -> None:
     """Decisions per second of quota beside the bare driver running the same statements.
@@ -477,8 +720,16 @@ def bench(
     Runs against --url (migrating it first). Prints both rates and their
     ratio, medians of --runs alternating runs. With --report DIR, runs the
     batching report (--duration and --runs per measurement) instead.
+    A line per run on stderr tells how far it got (on a terminal, or with
+    --progress).
     """
     from quota._bench import run_bench
+
+    show = _wants_progress(progress)
+
+    def say(line: str) -> None:
+        if show:
+            click.echo(line, err=True)
 
     if report_dir is not None:
         from quota._bench_report import run_report
@@ -488,7 +739,7 @@ def bench(
             pg = url if quota._url.parse_url(url).dialect == "postgresql" else None
             result = run_report(
                 pg, report_dir, duration=duration, runs=runs, cleanup_rows=cleanup_rows,
-                echo=lambda line: click.echo(line, err=True),
+                echo=say,
             )  # fmt: skip
         _emit(result, as_json, result["table"])
         return
@@ -496,5 +747,6 @@ def bench(
         report = run_bench(
             _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face,
             scenario=scenario, algorithm=algorithm, fallback=fallback, pool_size=pool_size,
+            progress=say,
         )  # fmt: skip
     _emit(report.as_dict(), as_json, report.table())

@@ -21,11 +21,22 @@ import quota
 from quota._core import parse_duration
 from quota._periods import CALENDAR
 
-from .main import WHOLE, _emit, _errors, _json_option, _limiter, main, url_option
+from .main import (
+    WHOLE,
+    _emit,
+    _errors,
+    _json_option,
+    _limiter,
+    human_duration,
+    main,
+    url_option,
+    utc,
+    when,
+)
 
 
 def _iso(epoch: float | None) -> str:
-    """`epoch` as ISO 8601 in UTC (``-`` for None)."""
+    """`epoch` as ISO 8601 in UTC (``-`` for None), as the ledger's JSON and CSV give it."""
     if epoch is None:
         return "-"
     moment = dt.datetime.fromtimestamp(epoch, dt.timezone.utc)
@@ -84,14 +95,16 @@ def usage(ctx: click.Context, subject: str, include_ended: bool, as_json: bool) 
         rows = limiter.quota_usage(subject, include_ended=include_ended)
     header = (
         f"{'NAME':<20} {'PERIOD':<20} {'USED':>10} {'LIMIT':>10} {'GRANTED':>8}"
-        f" {'REMAINING':>10}  RESETS AT (UTC)"
+        f" {'REMAINING':>10}  {'RESETS IN':>9}  RESETS AT (UTC)"
     )
     lines = [header]
+    now = time.time()
     for u in rows:
         period = f"{u.period}@{u.tz}" if u.tz and u.tz != "UTC" else str(u.period)
+        left = human_duration(u.resets_at - now) if u.resets_at > now else "ended"
         lines.append(
             f"{u.name:<20} {period:<20} {u.used:>10} {_dash(u.limit):>10} {u.granted:>8}"
-            f" {_dash(u.remaining):>10}  {_iso(u.resets_at)}"
+            f" {_dash(u.remaining):>10}  {left:>9}  {utc(u.resets_at)}"
         )
     if not rows:
         lines.append(f"(no quota of {subject!r} in a running period)")
@@ -122,8 +135,9 @@ def grant(
     with _errors(), _limiter(ctx) as limiter:
         u = limiter.grant_quota(subject, name, amount, period, tz)
     text = (
-        f"granted {amount} to {subject!r} {name!r} until {_iso(u.resets_at)}:"
-        f" {u.granted} granted this period, {u.used} used, {_dash(u.remaining)} remaining"
+        f"granted {amount} to {subject!r} {name!r} for this period:"
+        f" {u.granted} granted, {u.used} used, {_dash(u.remaining)} remaining;"
+        f" resets {when(u.resets_at, time.time())}"
     )
     _emit(asdict(u), as_json, text)
 
@@ -188,9 +202,9 @@ def ledger(
         writer.writerows(rows)
         click.echo(out.getvalue(), nl=False)
         return
-    lines = [f"{'TIME (UTC)':<29} {'KIND':<11} {'NAME':<16} {'COST':>6} {'USED':>8}  KEY"]
+    lines = [f"{'TIME (UTC)':<24} {'KIND':<11} {'NAME':<16} {'COST':>6} {'USED':>8}  KEY"]
     lines += [
-        f"{r['time']:<29} {r['kind']:<11} {r['name']:<16} {r['cost']:>6}"
+        f"{utc(r['at']):<24} {r['kind']:<11} {r['name']:<16} {r['cost']:>6}"
         f" {_dash(r['used']):>8}  {r['idempotency_key'] or '-'}"
         + (" (refunded)" if r["refunded_at"] is not None else "")
         for r in rows

@@ -392,6 +392,7 @@ def run_bench(
     url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
     face: str = "auto", scenario: str = "rate", algorithm: str = FIXED_WINDOW,
     fallback: bool = False, pool_size: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> BenchReport:  # fmt: skip
     """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc.
 
@@ -403,6 +404,8 @@ def run_bench(
     quota with ``fallback=True``: what the resilience layer costs a healthy store.
     `pool_size` bounds quota's connections (default: one per caller; the bare
     side always has one per caller): fewer shows what sharing them costs.
+    `progress`, when given, receives one line as the measuring starts and one
+    per side of each run, as it ends.
     """
     from quota import _bench_quotas
 
@@ -438,6 +441,16 @@ def run_bench(
         url, face, driver, concurrency, keys, duration, scenario=scenario, algorithm=algorithm,
         fallback=fallback,
     )  # fmt: skip
+    say = progress or (lambda _line: None)
+    say(
+        f"bench: {scenario} scenario on {driver} ({face} face), {concurrency} callers,"
+        f" {keys} keys, {runs} run(s) of {duration:g}s per side"
+    )
+    labels = (
+        {"bare": "quota without fallback", "quota": "quota with fallback"}
+        if fallback
+        else {"bare": f"bare {driver}", "quota": "quota"}
+    )
     for run in range(runs):
         order: tuple[str, ...] = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
         if parsed.dialect == "memory":
@@ -470,4 +483,5 @@ def run_bench(
             else:
                 rate = asyncio.run(_async_bare(parsed, concurrency, keys, duration))
             (report.bare if side == "bare" else report.quota).append(rate)
+            say(f"bench: run {run + 1}/{runs}: {labels[side]} {rate:,.0f}/s")
     return report

@@ -9,7 +9,7 @@ hot path is two plain calls (`quota._core.hit_params`, then
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from quota import _partitions, _sql
@@ -109,8 +109,9 @@ class CleanupResult:
 
 
 def cleanup(
-    dialect: str, now: float, *, grace: int, batch_size: int, dry_run: bool
-) -> Generator[Statement, Rows, CleanupResult]:
+    dialect: str, now: float, *, grace: int, batch_size: int, dry_run: bool,
+    progress: Callable[[int], None] | None = None,
+) -> Generator[Statement, Rows, CleanupResult]:  # fmt: skip
     """Delete windows that ended more than `grace` seconds before `now`, `batch_size` rows at a time.
 
     Each batch commits on its own, so a long sweep never holds locks for
@@ -118,6 +119,10 @@ def cleanup(
     between them, so writers waiting for the file get their turn. On
     PostgreSQL a transaction-scoped advisory lock lets one cleanup run at a
     time across all instances; a second one returns ``skipped=True``.
+
+    `progress`, when given, is called with the rows deleted so far after each
+    statement that deleted some (each has committed by then). Whatever it
+    raises (KeyboardInterrupt, say) stops the sweep there, the lock released.
 
     Raises `ConfigurationError` for a `grace` that is not an int in
     ``0..MAX_GRACE``, a `batch_size` that is not an int in ``1..1000000``, a
@@ -155,7 +160,10 @@ def cleanup(
     try:
         if locking:  # a partitioned counters table sheds whole partitions first
             # Whole partitions only once their range has surely ended.
-            deleted += yield from _partitions.maintain(now, int(now) - grace)
+            shed = yield from _partitions.maintain(now, int(now) - grace)
+            deleted += shed
+            if shed and progress is not None:
+                progress(deleted)
         # SQLite has one write lock for the whole file: slices short enough to keep the
         # lock well under a fallback's budget, with a pause after each for the writers
         # that queued behind it.
@@ -165,6 +173,8 @@ def cleanup(
             while True:
                 rows = yield delete, (cutoff, batch, cutoff)
                 deleted += len(rows)
+                if rows and progress is not None:
+                    progress(deleted)
                 if len(rows) < batch:
                     break
                 if sliced:

@@ -257,7 +257,7 @@ def test_a_malformed_url_is_an_error_finding() -> None:
     findings = quota.diagnose("mysql://db/app")
     assert [(f.check, f.severity) for f in findings] == [("url", ERROR)]
     assert "known schemes" in findings[0].message
-    assert _doctor_cli("--url", "mysql://db/app", "doctor").exit_code == 3
+    assert _doctor_cli("--url", "mysql://db/app", "doctor").exit_code == 2  # a bad URL is usage
 
 
 def test_a_bad_timeout_is_a_configuration_error() -> None:
