@@ -1,13 +1,16 @@
-"""``quota policy list/set/delete``: edit the runtime overrides of the HTTP layer.
+"""``quota policy``: edit the runtime overrides and settings of the HTTP layer.
 
-A thin layer over `quota.http.list_policies`, `set_policy` and
-`delete_policy`. Every middleware applies a change at the first boundary of
+``list/set/delete`` are a thin layer over `quota.http.list_policies`,
+`set_policy` and `delete_policy`; ``multiplier``, ``abuse-threshold``,
+``settings`` and ``unset`` over `set_setting`, `list_settings` and
+`delete_setting` (the tier multipliers and the abuse alert threshold, in
+``quota_settings``). Every middleware applies a change at the first boundary of
 its cache period (5 s by default) at least one second after it was written,
 all at the same moment. ``--ip`` and ``--token`` name one caller by the
 keyed hash the middleware uses (``$QUOTA_HASH_SECRET`` must be the app's),
 so raw IPs and tokens are never stored. Exit codes as for every command (3:
-database or schema error; 2: bad option or URL); ``delete`` exits 4 when
-there was no such row. ``--url`` may follow ``policy`` and each subcommand.
+database or schema error; 2: bad option or URL); ``delete`` and ``unset``
+exit 4 when there was no such row. ``--url`` may follow ``policy`` and each subcommand.
 """
 
 from __future__ import annotations
@@ -23,8 +26,25 @@ import click
 
 import quota
 from quota._url import SCHEMALESS
-from quota.http import PolicyRow, delete_policy, hashed_subject, list_policies, set_policy
-from quota.http._runtime import TABLE, hash_secret_from_env, ip_subject
+from quota.http import (
+    PolicyRow,
+    delete_policy,
+    delete_setting,
+    hashed_subject,
+    list_policies,
+    list_settings,
+    set_policy,
+    set_setting,
+)
+from quota.http._runtime import (
+    ABUSE_THRESHOLD,
+    SETTINGS_TABLE,
+    TABLE,
+    TIER_MULTIPLIER,
+    hash_secret_from_env,
+    ip_subject,
+    parse_setting,
+)
 
 from .main import EXIT_DENIED, POSITIVE, _errors, _json_option, _limiter, main, url_option
 
@@ -94,13 +114,13 @@ def _with_subject_options(func: click.decorators.FC) -> click.decorators.FC:
 
 
 @contextmanager
-def _table(ctx: click.Context) -> Iterator[quota.Limiter]:
-    """The limiter of ``--url``, on a store that keeps the table (exit 2 on one that cannot)."""
+def _table(ctx: click.Context, table: str = TABLE) -> Iterator[quota.Limiter]:
+    """The limiter of ``--url``, on a store that keeps `table` (exit 2 on one that cannot)."""
     with _errors(), _limiter(ctx) as limiter:
         dialect = limiter.store.dialect
         if dialect in SCHEMALESS:
             raise click.UsageError(
-                f"the {dialect} store keeps no {TABLE} table: runtime policies need a database"
+                f"the {dialect} store keeps no {table} table: runtime policies need a database"
                 " (sqlite:// or postgresql://), and the app's middleware has none on this store"
             )
         yield limiter
@@ -109,7 +129,7 @@ def _table(ctx: click.Context) -> Iterator[quota.Limiter]:
 @main.group()
 @url_option
 def policy() -> None:
-    """Runtime overrides of the HTTP middleware (the quota_policies table)."""
+    """Runtime overrides and settings of the HTTP middleware (quota_policies, quota_settings)."""
 
 
 @policy.command("list")
@@ -206,6 +226,113 @@ def delete_command(
         sys.exit(EXIT_DENIED)
     if not as_json:
         click.echo(f"deleted {route} for {who}")
+
+
+# -- settings: tier multipliers and the abuse threshold -----------------------------------
+
+
+def _set(ctx: click.Context, name: str, value: str, param: str, note: str | None,
+         as_json: bool) -> None:  # fmt: skip
+    try:
+        parse_setting(name, value)
+    except quota.ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint=param) from None
+    with _table(ctx, SETTINGS_TABLE) as limiter:
+        stored = set_setting(limiter, name, value, note=note)
+    if as_json:
+        click.echo(json.dumps(asdict(stored), indent=2, sort_keys=True))
+    else:
+        click.echo(f"set {name} to {stored.value}")
+
+
+@policy.command("multiplier")
+@url_option
+@click.argument("tier")
+@click.argument("value")
+@click.option("--note", help="Why, for the next person.")
+@_json_option
+@click.pass_context
+def multiplier_command(
+    ctx: click.Context, tier: str, value: str, note: str | None, as_json: bool
+) -> None:
+    """Scale the limits of TIER by VALUE (0.001 to 1000), as HttpConfig.tier_multipliers.
+
+    Replaces the app's configured multiplier of TIER on every app worker at
+    the same moment: the first boundary of its cache period at least one
+    second from now. Exact tier rates and exact overrides are not scaled.
+    `quota policy unset tier_multiplier.TIER` gives back the configured one.
+    """
+    name = TIER_MULTIPLIER + tier
+    try:
+        parse_setting(name, 1.0)
+    except quota.ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="'TIER'") from None
+    _set(ctx, name, value, "'VALUE'", note, as_json)
+
+
+@policy.command("abuse-threshold")
+@url_option
+@click.argument("n")
+@click.option("--note", help="Why, for the next person.")
+@_json_option
+@click.pass_context
+def abuse_threshold_command(ctx: click.Context, n: str, note: str | None, as_json: bool) -> None:
+    """Raise an abuse alert after N 429s to one key (0: no alerts), as HttpConfig.abuse_threshold.
+
+    Replaces the app's configured threshold on every app worker at the same
+    moment, as a multiplier does; the alert's window and quiet interval stay
+    the app's. `quota policy unset abuse_threshold` gives back the
+    configured threshold.
+    """
+    _set(ctx, ABUSE_THRESHOLD, n, "'N'", note, as_json)
+
+
+@policy.command("settings")
+@url_option
+@_json_option
+@click.pass_context
+def settings_command(ctx: click.Context, as_json: bool) -> None:
+    """Every setting (tier multipliers, abuse threshold), by name."""
+    with _table(ctx, SETTINGS_TABLE) as limiter:
+        rows = list_settings(limiter)
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in rows], indent=2, sort_keys=True))
+        return
+    if not rows:
+        click.echo("no settings (the app's configured values apply)")
+        return
+    click.echo(f"{'NAME':<32} {'VALUE':<12} NOTE")
+    for r in rows:
+        try:
+            r.parsed()
+        except quota.ConfigurationError as exc:
+            note = f"IGNORED by the middleware: {exc}"
+        else:
+            note = r.note or ""
+        click.echo(f"{r.name:<32} {r.value or '':<12} {note}")
+
+
+@policy.command("unset")
+@url_option
+@click.argument("name")
+@_json_option
+@click.pass_context
+def unset_command(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Delete the setting NAME: the app's configured value again (exit 4 if there was none).
+
+    NAME as `quota policy settings` lists it: tier_multiplier.<tier> or
+    abuse_threshold. Like a change, it applies on every app worker at the
+    same boundary of its cache period.
+    """
+    with _table(ctx, SETTINGS_TABLE) as limiter:
+        found = delete_setting(limiter, name)
+    if as_json:
+        click.echo(json.dumps({"name": name, "deleted": found}, sort_keys=True))
+    if not found:
+        click.echo(f"no setting {name}", err=True)
+        sys.exit(EXIT_DENIED)
+    if not as_json:
+        click.echo(f"unset {name}: the app's configured value applies again")
 
 
 __all__ = ["policy"]

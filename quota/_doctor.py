@@ -489,7 +489,9 @@ def hot_finding(table: str, updates: int, hot: int) -> Finding:
 #: not make costs every update (and HOT updates), so one is worth a warning.
 UPDATED_IN_PLACE = ("quota_counters", "quota_state", "quota_usage")
 #: Tables that hold money or configuration: they must survive a crash.
-DURABLE_TABLES = ("quota_usage", "quota_ledger", "quota_policies", VERSION_TABLE)
+DURABLE_TABLES = (
+    "quota_usage", "quota_ledger", "quota_policies", "quota_settings", VERSION_TABLE,
+)  # fmt: skip
 
 #: What breaks without a table.
 _TABLE_ROLE = {
@@ -498,6 +500,10 @@ _TABLE_ROLE = {
     "quota_usage": "durable quotas fail",
     "quota_ledger": "durable quotas fail",
     "quota_policies": "runtime policy overrides (`quota policy`, the HTTP middlewares) fail",
+    "quota_settings": (
+        "the HTTP middlewares keep their configured tier multipliers and abuse threshold"
+        " (`quota policy multiplier`, `quota policy abuse-threshold` fail)"
+    ),
     VERSION_TABLE: "quota cannot tell which migrations ran",
 }
 #: What breaks without an index.
@@ -512,7 +518,7 @@ _INDEX_ROLE = {
     "ix_quota_ledger_at": "ledger retention by age scans the whole ledger",
 }
 #: Tables whose primary key is an upsert's ON CONFLICT target.
-_UPSERTED = ("quota_counters", "quota_state", "quota_usage", "quota_policies")
+_UPSERTED = ("quota_counters", "quota_state", "quota_usage", "quota_policies", "quota_settings")
 
 _SQLITE_REBUILD = "https://www.sqlite.org/lang_altertable.html#otheralter"
 
@@ -965,11 +971,20 @@ def drift_findings(
         name for name in expected
         if name not in live and _behind(revision, TABLE_REVISIONS.get(name, ""))
     ]  # fmt: skip
-    if later:
+    if any(not _behind(REQUIRED, TABLE_REVISIONS[name]) for name in later):
         findings.append(
             drift.error(
                 f"the schema is at revision {revision}, so {', '.join(later)} (made by later"
                 " migrations) are not here yet",
+                f"run `{migrate_command(url)}`",
+            )
+        )
+    elif later:  # only tables this code runs without (see `quota._schema.REQUIRED`)
+        findings.append(
+            drift.warn(
+                f"the schema is at revision {revision}, so {', '.join(later)} (made by a later"
+                f" migration) {'is' if len(later) == 1 else 'are'} not here yet: "
+                + "; ".join(_TABLE_ROLE.get(name, "unused") for name in later),
                 f"run `{migrate_command(url)}`",
             )
         )

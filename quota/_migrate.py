@@ -298,11 +298,12 @@ def migrate(
         command.upgrade(cfg, revision, sql=sql)
 
 
-#: Tables whose rows are durable (quotas, their ledger, runtime policies), by the revision
-#: whose downgrade drops them. Counters and algorithm state are ephemeral: they may go.
+#: Tables whose rows are durable (quotas, their ledger, runtime policies and settings), by
+#: the revision whose downgrade drops them. Counters and algorithm state are ephemeral.
 DURABLE_TABLES: dict[str, tuple[str, ...]] = {
     "0002_quotas": ("quota_usage", "quota_ledger"),
     "0004_policies": ("quota_policies",),
+    "0005_settings": ("quota_settings",),
 }
 
 
@@ -318,8 +319,9 @@ def downgrade(
     """Downgrade the quota tables to `revision` (``base`` removes them all).
 
     A downgrade that would drop a table holding durable rows (quota usage,
-    the ledger, runtime policies) raises `ConfigurationError` naming each such
-    table and its row count, and changes nothing, unless `drop_data` is True.
+    the ledger, runtime policies and settings) raises `ConfigurationError`
+    naming each such table and its row count, and changes nothing, unless
+    `drop_data` is True.
     With ``sql=True`` nothing runs and nothing is checked: the SQL is written
     to `output` for review.
     """

@@ -26,9 +26,13 @@ from quota._errors import SchemaError
 from quota._sql import VERSION_TABLE
 
 #: Every revision this code knows, oldest first.
-REVISIONS: tuple[str, ...] = ("0001_counters", "0002_quotas", "0003_algorithms", "0004_policies")
-#: The revision this code needs at least.
-REQUIRED = REVISIONS[-1]
+REVISIONS: tuple[str, ...] = (
+    "0001_counters", "0002_quotas", "0003_algorithms", "0004_policies", "0005_settings",
+)  # fmt: skip
+#: The revision this code needs at least. A database at it works; the later revisions add
+#: what runs without them (0005_settings: the runtime settings of the HTTP middlewares,
+#: which keep their configured values until the table is there).
+REQUIRED = "0004_policies"
 #: The newest revision this code knows: what ``quota migrate`` upgrades to.
 HEAD = REVISIONS[-1]
 
@@ -171,6 +175,18 @@ quota_policies = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.PrimaryKeyConstraint("route", "subject", name="pk_quota_policies"),
     sa.CheckConstraint("cost IS NULL OR cost >= 1", name="ck_quota_policies_cost"),
+)
+
+#: Runtime settings of the HTTP layer (revision 0005_settings): tier multipliers and the
+#: abuse threshold; a NULL value is a deletion. See quota.http._runtime.
+quota_settings = sa.Table(
+    "quota_settings",
+    metadata,
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("value", sa.Text, nullable=True),
+    sa.Column("note", sa.Text, nullable=True),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.PrimaryKeyConstraint("name", name="pk_quota_settings"),
 )
 
 #: Alembic's version table, as Alembic creates it (``version_table=VERSION_TABLE``).
@@ -361,6 +377,7 @@ TABLE_REVISIONS: dict[str, str] = {
     "quota_ledger": "0002_quotas",
     "quota_state": "0003_algorithms",
     "quota_policies": "0004_policies",
+    "quota_settings": "0005_settings",
 }
 
 
@@ -390,7 +407,8 @@ def missing_objects_error(
     migrate``. At the revision this code needs (or a newer one) migrating does
     nothing: the schema drifted from what the migrations made, and the message
     says so and points at ``quota doctor``, which names what is missing and the
-    statements that restore it.
+    statements that restore it; unless the table is one a later revision makes
+    (a database at `REQUIRED` but not at head), when migrating is the fix again.
     """
     revision = str(rows[0][0]) if rows else None
     if revision is None:
@@ -406,6 +424,14 @@ def missing_objects_error(
             f" {detail}; upgrade quota on this host to the version that migrated it, then run"
             f" `{doctor_hint(url)}`"
         )
+    later = _made_later(detail, revision)
+    if later is not None:
+        # A table this code can do without (see `REQUIRED`), not migrated yet: no outage.
+        return SchemaError(
+            f"{detail}; the quota schema is at revision {revision}, and {later[0]} comes with"
+            f" revision {later[1]}: run `{migrate_hint(url)}`",
+            outage=False,
+        )
     at = "head" if revision == HEAD else f"this code needs {REQUIRED}"
     # No outage: the database answers; a fallback keeps it up (and says so in its log)
     # rather than probe for a table that will not come back by itself.
@@ -414,6 +440,16 @@ def missing_objects_error(
         f" `{doctor_hint(url)}` names what is missing and how to restore it",
         outage=False,
     )
+
+
+def _made_later(detail: str, revision: str) -> tuple[str, str] | None:
+    """(table, revision) when `detail` names a table a migration after `revision` makes."""
+    for table, created_in in TABLE_REVISIONS.items():
+        if REVISIONS.index(created_in) > REVISIONS.index(revision) and re.search(
+            rf"\b{table}\b", detail
+        ):
+            return table, created_in
+    return None
 
 
 def check_version(rows: Sequence[Sequence[Any]] | None, url: str | None = None) -> None:

@@ -46,6 +46,10 @@ ARGS: dict[str, list[str]] = {
     "policy list": [],
     "policy set": ["api", "--rates", "5/minute"],
     "policy delete": ["api"],
+    "policy multiplier": ["auth", "2"],
+    "policy abuse-threshold": ["3"],
+    "policy settings": [],
+    "policy unset": ["abuse_threshold"],
 }
 #: Commands that create or migrate the database they are given.
 CREATING = {"migrate", "demo", "bench"}

@@ -32,7 +32,7 @@ from click.testing import CliRunner
 from quota._cli import main
 
 import quota
-from quota._schema import REQUIRED
+from quota._schema import HEAD
 from quota._sql import CLEANUP_LOCK_ID
 from tests import _pgbouncer_workers, _workers
 from tests._pgbouncer import running_pgbouncer
@@ -788,9 +788,9 @@ def test_migrate_through_the_pooler_is_a_no_op_on_a_migrated_database(
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
-        assert f"quota schema at {REQUIRED}" in result.stderr
+        assert f"quota schema at {HEAD}" in result.stderr
     assert _table_oids(pg_url) == tables  # nothing dropped or made anew
-    assert quota.current_revision(url) == quota.current_revision(pg_url) == REQUIRED
+    assert quota.current_revision(url) == quota.current_revision(pg_url) == HEAD
 
 
 @pytest.mark.parametrize("option", [True, False], ids=["pooled", "plain-url"])
@@ -816,7 +816,7 @@ def test_migrate_through_a_pooler_creates_the_schema_of_a_fresh_database(
 
         quota.migrate(url)
 
-        assert quota.current_revision(url) == quota.current_revision(direct) == REQUIRED
+        assert quota.current_revision(url) == quota.current_revision(direct) == HEAD
         with quota.connect(url, pool_size=2, clock=lambda: NOW) as limiter:
             assert limiter.rate_limit("k", 1, 60).allowed
             assert not limiter.rate_limit("k", 1, 60).allowed

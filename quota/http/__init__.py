@@ -24,7 +24,16 @@ from quota.http._policy import (
     SystemPressure,
 )
 from quota.http._responses import EXPOSE_HEADERS, Denial, HttpResponse
-from quota.http._runtime import PolicyRow, delete_policy, list_policies, set_policy
+from quota.http._runtime import (
+    PolicyRow,
+    SettingRow,
+    delete_policy,
+    delete_setting,
+    list_policies,
+    list_settings,
+    set_policy,
+    set_setting,
+)
 from quota.http._signals import PredictivePressure, Velocity
 
 __all__ = [
@@ -40,11 +49,15 @@ __all__ = [
     "PredictivePressure",
     "RequestInfo",
     "RoutePolicy",
+    "SettingRow",
     "SystemPressure",
     "Velocity",
     "delete_policy",
+    "delete_setting",
     "hashed_subject",
     "list_policies",
+    "list_settings",
     "set_policy",
+    "set_setting",
     "sign",
 ]

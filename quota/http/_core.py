@@ -5,8 +5,9 @@ decides everything that is not I/O (exclusions, route class, identity and
 tier, overrides, scaling, headers, the 429/503 answer) and *yields* the two
 things it needs from outside:
 
-* `LOAD_POLICIES`: read the ``quota_policies`` table (the driver sends back
-  the rows, or throws the exception in);
+* `LOAD_POLICIES`: read the ``quota_policies`` and ``quota_settings`` tables
+  (the driver sends back `quota.http._runtime.read_op`'s snapshot, or throws
+  the exception in);
 * a `Hit`: count a hit with the limiter (the driver sends back the
   `quota.Decision`, or throws the exception in).
 
@@ -32,6 +33,7 @@ from quota._algorithms import Rate
 from quota._core import Decision
 from quota._errors import ConfigurationError
 from quota._metrics import Metrics as QuotaMetrics
+from quota._store import adrive, drive
 from quota.http._identity import (
     ANON,
     AUTH,
@@ -60,7 +62,6 @@ from quota.http._responses import (
     too_many_requests,
     unavailable,
 )
-from quota.http._runtime import SELECT as SELECT_POLICIES
 from quota.http._runtime import read_op, runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
@@ -93,7 +94,7 @@ class _LoadPolicies:
         return "LOAD_POLICIES"
 
 
-#: Effect: read the ``quota_policies`` table (`quota.http._runtime.read_op`, run as a store operation).
+#: Effect: read ``quota_policies`` and ``quota_settings`` (`quota.http._runtime.read_op`, run as a store operation).
 LOAD_POLICIES = _LoadPolicies()
 Effect = Hit | _LoadPolicies
 
@@ -121,8 +122,12 @@ class Metrics:
     (route, tier); ``ratelimit.errors`` (route, mode: open/closed);
     ``ratelimit.hmac_rejected`` (reason); ``ratelimit.exempt`` (route);
     ``ratelimit.policy_refresh_failed``, ``ratelimit.policy_invalid``,
-    ``ratelimit.hook_failed`` (hook). An `Observer` sees each event as it
-    happens (to feed Prometheus or StatsD); its exceptions are swallowed.
+    ``ratelimit.settings_refresh_failed``, ``ratelimit.setting_invalid``,
+    ``ratelimit.abuse_alerts``; ``ratelimit.velocity`` (route, tier, le: the
+    bucket of the caller's request rate); ``ratelimit.hook_failed`` (hook:
+    identify, token_validator, pressure, response_factory, on_abuse). An
+    `Observer` sees each event as it happens (to feed Prometheus or StatsD);
+    its exceptions are swallowed.
     """
 
     def __init__(self, observer: ObserverLike | None = None) -> None:
@@ -282,11 +287,10 @@ class Guard:
         runtime = self.runtime
         if runtime is not None and runtime.claim(now):
             try:
-                rows = yield LOAD_POLICIES
+                read = yield LOAD_POLICIES
             except Exception as exc:
-                runtime.failed(exc)
-            else:
-                runtime.load(rows, now)
+                read = exc
+            runtime.refresh(read, now, self)  # the settings too, applied to this guard
         try:
             plan = self.plan(route, request, now)
         except Exception as exc:  # a rate an override made impossible, say
@@ -715,7 +719,7 @@ def sync_effects(limiter: Any) -> tuple[Callable[[Hit], Decision], Callable[[], 
 
     def load() -> Any:
         if strict is not None:  # under a fallback: held to its budget, refused while down
-            return strict(SELECT_POLICIES, ())
+            return drive(read_op(), strict)
         return run(read_op(), transaction=False)
 
     return hit, load
@@ -741,7 +745,7 @@ def async_effects(
 
     def load() -> Awaitable[Any]:
         if strict is not None:  # under a fallback: held to its budget, refused while down
-            return strict(SELECT_POLICIES, ())  # type: ignore[no-any-return]
+            return adrive(read_op(), strict)
         return run(read_op(), transaction=False)  # type: ignore[no-any-return]
 
     return hit, load

@@ -1,4 +1,7 @@
-"""Runtime policy: overrides kept in the ``quota_policies`` table, read through a short cache.
+"""Runtime policy: overrides kept in ``quota_policies``, settings in ``quota_settings``.
+
+Both tables are read together, through a short cache (see "When a change
+applies").
 
 A row overrides a route class (``route``, or ``*`` for every class) for a
 ``subject``:
@@ -51,6 +54,31 @@ On any failure to read the table, the last good rows (or none: the code's
 defaults) stay in force. Stores that keep no tables (memory, Redis) have no
 runtime policies: `runtime_policies` returns None for them. The SQL lives
 here and runs through the limiter's store.
+
+Settings
+--------
+
+``quota_settings`` (revision 0005_settings) holds one value per name:
+
+=============================  ================================================
+name                           value
+=============================  ================================================
+``tier_multiplier.<tier>``     the scale of that tier's limits, as
+                               `HttpConfig.tier_multipliers` (0.001 to 1000)
+``abuse_threshold``            429s to one key within ``abuse_window`` that
+                               raise an abuse alert; 0 turns alerts off
+=============================  ================================================
+
+It is read in the same refresh as the policies and a change applies at the
+same boundaries, on the same rules. `RuntimeSettings` applies a value
+through `Guard.set_tier_multiplier` or the guard's abuse detector, only when
+it differs from the one in force; a deleted setting (`delete_setting` leaves
+a stamped row whose value is NULL) gives back the configured value. The two
+tables are read by two statements, each failing alone: a database not yet
+migrated to 0005_settings keeps its runtime policies, and the configured
+settings (logged once per failing streak). A malformed row (a value out of
+bounds, a name this code does not know) counts as no row, and is logged
+once.
 """
 
 from __future__ import annotations
@@ -58,18 +86,24 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import re
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from quota._abuse import AbuseDetector
 from quota._algorithms import ALGORITHMS, Rate
-from quota._errors import ConfigurationError
+from quota._errors import ConfigurationError, SchemaError, StorageError
 from quota._policy import parse_rates
 from quota._url import SCHEMALESS
 from quota.http._identity import Identity, client_ip, hashed_subject
 from quota.http._policy import HttpConfig, apply_env
+from quota.http._policy import _check_factors as check_factors
+
+if TYPE_CHECKING:
+    from quota.http._core import Guard
 
 log = logging.getLogger("quota.http")
 
@@ -108,17 +142,70 @@ DELETE = (
 )
 PURGE = f"DELETE FROM quota_policies WHERE {_EMPTY} AND updated_at < ? RETURNING 1"
 
+SETTINGS_TABLE = "quota_settings"
+#: Name of the setting that scales one tier's limits: this prefix, then the tier.
+TIER_MULTIPLIER = "tier_multiplier."
+#: Name of the setting of the abuse alert threshold.
+ABUSE_THRESHOLD = "abuse_threshold"
+SELECT_SETTINGS = "SELECT name, value, note, updated_at FROM quota_settings ORDER BY name"
+UPSERT_SETTING = (
+    "INSERT INTO quota_settings (name, value, note, updated_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET value = excluded.value, note = excluded.note,"
+    " updated_at = excluded.updated_at RETURNING 1"
+)
+#: A deletion: the value is NULL from now on (and the row says when it stopped).
+DELETE_SETTING = (
+    "UPDATE quota_settings SET value = NULL, note = NULL, updated_at = ?"
+    " WHERE name = ? AND value IS NOT NULL RETURNING 1"
+)
+PURGE_SETTINGS = "DELETE FROM quota_settings WHERE value IS NULL AND updated_at < ? RETURNING 1"
 
-def read_op() -> Generator[tuple[str, tuple[()]], Sequence[Sequence[Any]], Sequence[Sequence[Any]]]:
-    """The read of the table as a store operation (``store.run(read_op(), transaction=False)``).
+Rows = Sequence[Sequence[Any]]
 
-    Used without a fallback. Under one the middleware reads with the store's
-    ``execute_strict`` instead: never from memory, held to the fallback's
-    budget, refused at once while the database is down (the last good
-    overrides stay in force).
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one refresh read: each table's rows, or the exception its read raised."""
+
+    policies: Rows | BaseException
+    settings: Rows | BaseException | None = None
+    """None: not read (a driver of the policies alone)."""
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """True when `exc` says the database cannot be reached: the next statement would fail too."""
+    if isinstance(exc, SchemaError):
+        return False  # a table missing: the other one may be there
+    if isinstance(exc, StorageError):
+        return exc.outage
+    return True
+
+
+def read_op() -> Generator[tuple[str, tuple[()]], Rows, Snapshot]:
+    """The read of both tables as a store operation (``store.run(read_op(), transaction=False)``).
+
+    Two statements, each failing on its own: a missing ``quota_settings``
+    (a database not migrated to 0005_settings) leaves the policies read, and
+    the other way round. When the database cannot be reached the exception
+    is raised, the second statement not tried. Without a fallback it runs as
+    above; under one the middleware drives it over the store's
+    ``execute_strict`` (`quota._store.drive`): never from memory, each
+    statement held to the fallback's budget, refused at once while the
+    database is down (the last good overrides and settings stay in force).
     """
-    rows = yield SELECT, ()
-    return rows
+    policies: Rows | BaseException
+    settings: Rows | BaseException
+    try:
+        policies = yield SELECT, ()
+    except Exception as exc:
+        if _unreachable(exc):
+            raise
+        policies = exc
+    try:
+        settings = yield SELECT_SETTINGS, ()
+    except Exception as exc:
+        settings = exc
+    return Snapshot(policies, settings)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,13 +285,60 @@ Key = tuple[str, str]
 #: One observed state of an override: its stamp, and what it says (None: no override).
 Version = tuple[float, Override | None]
 
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+def _boundary(now: float, ttl: float) -> float:
+    """The latest boundary at or before `now` (a multiple of `ttl` since the epoch)."""
+    return math.floor(now / ttl) * ttl if ttl > 0 else now
+
+
+def _due(
+    versions: Iterable[tuple[K, float, V | None]],
+    previous: Mapping[K, V],
+    pending: Mapping[K, list[tuple[float, V | None]]],
+    *,
+    cutoff: float,
+    cold: bool,
+    now: float,
+    ahead: Callable[[K, float], None],
+) -> tuple[dict[K, V], dict[K, list[tuple[float, V | None]]]]:
+    """What is in force for each key after a read, and the versions still waiting.
+
+    `versions` holds each key's row as read: its stamp and what it says (None:
+    nothing). A version stamped at or before `cutoff` applies (every one, when
+    `cold`); a newer one waits, and the latest version seen earlier that is now
+    due (or else `previous`, the one in force) stays for its key.
+    """
+    fresh: dict[K, V] = {}
+    waiting: dict[K, list[tuple[float, V | None]]] = {}
+    for key, stamp, version in versions:
+        if cold or stamp <= cutoff:
+            if version is not None:
+                fresh[key] = version
+            continue
+        if stamp > now + AHEAD:
+            ahead(key, stamp)
+        seen = dict(pending.get(key, ()))
+        seen[stamp] = version
+        due = [s for s in seen if s <= cutoff]
+        chosen = seen[max(due)] if due else previous.get(key)
+        if chosen is not None:
+            fresh[key] = chosen
+        waiting[key] = sorted(
+            ((s, v) for s, v in seen.items() if s > cutoff), key=lambda sv: sv[0]
+        )[-_PENDING_MAX:]
+    return fresh, waiting
+
 
 class RuntimePolicies:
     """The ``quota_policies`` rows, read once per wall-clock period; see the module docstring.
 
-    Sans-I/O: the driver asks `claim` whether to read the table now (only one
-    caller is told yes per period), runs `SELECT`, and hands the rows to
-    `load` (with the same ``now``) or the exception to `failed`.
+    Sans-I/O: the driver asks `claim` whether to read the tables now (only
+    one caller is told yes per period), runs `read_op`, and hands what it
+    read (or the exception) to `refresh` with the same ``now``. `settings`
+    keeps the ``quota_settings`` rows of the same reads.
     """
 
     def __init__(
@@ -222,11 +356,12 @@ class RuntimePolicies:
         self._reported: set[tuple[Key, float]] = set()
         self._count = metrics or (lambda _name: None)
         self.loaded_at: float | None = None
+        #: The runtime settings (``quota_settings``), read with the policies.
+        self.settings = RuntimeSettings(ttl, metrics=metrics, margin=margin)
 
     def boundary(self, now: float) -> float:
         """The latest boundary at or before `now` (a multiple of the period since the epoch)."""
-        ttl = self.ttl
-        return math.floor(now / ttl) * ttl if ttl > 0 else now
+        return _boundary(now, self.ttl)
 
     def claim(self, now: float) -> bool:
         """True on the first call after each boundary: the table should be read now."""
@@ -239,7 +374,35 @@ class RuntimePolicies:
                 self._next = self.boundary(now) + self.ttl
             return True
 
-    def load(self, rows: Sequence[Sequence[Any]], now: float) -> None:
+    def refresh(
+        self, read: Snapshot | Rows | BaseException, now: float, guard: Guard | None = None
+    ) -> None:
+        """Take in what a read at `now` brought back, and apply the settings to `guard`.
+
+        `read` is `read_op`'s `Snapshot`, the policy rows alone, or the
+        exception the read raised (then both tables keep their last good
+        rows). Never raises.
+        """
+        if isinstance(read, BaseException):
+            self.failed(read)
+            return
+        if not isinstance(read, Snapshot):
+            read = Snapshot(read)
+        if isinstance(read.policies, BaseException):
+            self.failed(read.policies)
+        else:
+            self.load(read.policies, now)
+        settings = self.settings
+        if read.settings is None:
+            return
+        if isinstance(read.settings, BaseException):
+            settings.failed(read.settings)
+        else:
+            settings.load(read.settings, now)
+        if guard is not None:
+            settings.apply(guard)
+
+    def load(self, rows: Rows, now: float) -> None:
         """Apply `rows`, read at `now`, as of the boundary `now` falls in.
 
         A row stamped at least the margin before the boundary applies; a
@@ -252,10 +415,7 @@ class RuntimePolicies:
             return
         self._loaded_boundary = boundary
         cutoff = boundary - self.margin if self.ttl > 0 else math.inf
-        cold = self.loaded_at is None
-        previous, pending = self._rows, self._pending
-        fresh: dict[Key, Override] = {}
-        waiting: dict[Key, list[Version]] = {}
+        versions: list[tuple[Key, float, Override | None]] = []
         for values in rows:
             try:
                 row = _row(values)
@@ -264,22 +424,11 @@ class RuntimePolicies:
                 self._count("policy_invalid")
                 log.warning("quota: skipping malformed row of %s %r: %s", TABLE, list(values), exc)
                 continue
-            key, stamp = (row.route, row.subject), row.updated_at
-            if cold or stamp <= cutoff:
-                if version is not None:
-                    fresh[key] = version
-                continue
-            if stamp > now + AHEAD:
-                self._report_ahead(key, stamp, now)
-            seen = {s: v for s, v in pending.get(key, ())}
-            seen[stamp] = version
-            due = [s for s in seen if s <= cutoff]
-            chosen = seen[max(due)] if due else previous.get(key)
-            if chosen is not None:
-                fresh[key] = chosen
-            waiting[key] = sorted(
-                ((s, v) for s, v in seen.items() if s > cutoff), key=lambda sv: sv[0]
-            )[-_PENDING_MAX:]
+            versions.append(((row.route, row.subject), row.updated_at, version))
+        fresh, waiting = _due(
+            versions, self._rows, self._pending, cutoff=cutoff, cold=self.loaded_at is None,
+            now=now, ahead=lambda key, stamp: self._report_ahead(key, stamp, now),
+        )  # fmt: skip
         self._rows, self._pending = fresh, waiting
         self.loaded_at = now
         if self._failing:
@@ -326,6 +475,265 @@ class RuntimePolicies:
             if found is not None:
                 return found
         return None
+
+
+# -- settings --------------------------------------------------------------------------
+
+
+#: The abuse detector's threshold standing for "no alerts" (its own floor is 1).
+_NO_ALERTS = 2**62
+_DECIMAL = re.compile(r"(?:[0-9]{1,15}(?:\.[0-9]{0,15})?|\.[0-9]{1,15})(?:[eE][+-]?[0-9]{1,3})?")
+_WHOLE = re.compile(r"[0-9]{1,19}")
+
+
+def _tier(name: str) -> str:
+    """The tier a ``tier_multiplier.<tier>`` setting names; `ConfigurationError` for another name."""
+    if not isinstance(name, str) or not name.startswith(TIER_MULTIPLIER):
+        raise ConfigurationError(
+            f"unknown setting {name!r}: the settings are {TIER_MULTIPLIER}<tier> and"
+            f" {ABUSE_THRESHOLD}"
+        )
+    tier = name[len(TIER_MULTIPLIER) :]
+    if not tier or len(tier) > 200 or not tier.isprintable() or any(c.isspace() for c in tier):
+        raise ConfigurationError(
+            f"tier must be a non-empty name without blanks (at most 200 characters), got {tier!r}"
+        )
+    return tier
+
+
+def parse_setting(name: str, value: object) -> float | int:
+    """The value of setting `name` given as `value`: a number, or its text as stored.
+
+    Checked as `HttpConfig` checks the field, with its message:
+    ``tier_multiplier.<tier>`` as ``tier_multipliers`` (0.001 to 1000),
+    ``abuse_threshold`` as ``abuse_threshold`` (a whole number, 0 for no
+    alerts). `ConfigurationError` for a bad value or an unknown name.
+    """
+    if name == ABUSE_THRESHOLD:
+        number = value
+        if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+            number = int(value.strip())
+        if type(number) is not int or not 0 <= number <= 2**62:
+            raise ConfigurationError(
+                f"abuse_threshold must be a whole number 0..2**62 (0: off), got {value!r}"
+            )
+        return number
+    tier = _tier(name)
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        value = float(value.strip())
+    return check_factors("tier_multipliers", {tier: value})[tier]
+
+
+def _text(value: float | int) -> str:
+    """A setting's value as stored: ``2`` rather than ``2.0``; every digit of a fraction."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SettingRow:
+    """One row of ``quota_settings``, as stored."""
+
+    name: str
+    """``tier_multiplier.<tier>`` or ``abuse_threshold``."""
+    value: str | None
+    """The value as text; None: a deletion (the configured value again)."""
+    note: str | None = None
+    """Why the value was set, for the next person to read it."""
+    updated_at: float = 0.0
+    """When the row was last set (epoch seconds)."""
+
+    def parsed(self) -> float | int:
+        """The value, checked (`ConfigurationError` for a malformed row)."""
+        if self.value is None:
+            raise ConfigurationError(f"setting {self.name!r} was deleted")
+        return parse_setting(self.name, self.value)
+
+
+def _setting(values: Sequence[Any]) -> SettingRow:
+    name, value, note, updated_at = values
+    return SettingRow(
+        name=str(name), value=None if value is None else str(value), note=note,
+        updated_at=float(updated_at or 0.0),
+    )  # fmt: skip
+
+
+class RuntimeSettings:
+    """The ``quota_settings`` rows, read with the policies, and what they change on a guard.
+
+    `load` keeps, for each name, the value in force under the same boundary
+    rules as the policies; `apply` brings a `Guard` in line with them,
+    touching only what changed, and gives a setting that is gone the value
+    it displaced. Sans-I/O, like `RuntimePolicies`, which owns one.
+    """
+
+    def __init__(
+        self, ttl: float, *, metrics: Callable[[str], None] | None = None, margin: float = MARGIN
+    ) -> None:
+        self.ttl = ttl
+        self.margin = margin if ttl > 0 else 0.0
+        self._values: dict[str, float | int] = {}
+        self._pending: dict[str, list[tuple[float, float | int | None]]] = {}
+        self._loaded_boundary = -math.inf
+        self._failing = False
+        self._failed_before = False
+        self._reported: set[tuple[str, str | None, float]] = set()
+        self._count = metrics or (lambda _name: None)
+        self.loaded_at: float | None = None
+        self._lock = threading.Lock()
+        # What `apply` set on the guard, and the configured values it displaced.
+        self._multipliers: dict[str, tuple[float, float]] = {}
+        self._abuse: int | None = None
+        self._apply_failing = False
+
+    @property
+    def values(self) -> dict[str, float | int]:
+        """The settings in force, by name (the configured values are not listed)."""
+        return dict(self._values)
+
+    def load(self, rows: Rows, now: float) -> None:
+        """Take in `rows`, read at `now`, as of the boundary `now` falls in (see `RuntimePolicies.load`).
+
+        A malformed row counts as no row (a deletion at its stamp), and is
+        logged once.
+        """
+        boundary = _boundary(now, self.ttl)
+        if boundary < self._loaded_boundary:  # a slow read overtaken by a later one
+            return
+        self._loaded_boundary = boundary
+        cutoff = boundary - self.margin if self.ttl > 0 else math.inf
+        versions: list[tuple[str, float, float | int | None]] = []
+        for values in rows:
+            try:
+                row = _setting(values)
+            except (ValueError, TypeError) as exc:
+                self._malformed(repr(list(values)), None, 0.0, exc)
+                continue
+            value: float | int | None = None
+            if row.value is not None:
+                try:
+                    value = row.parsed()
+                except ConfigurationError as exc:
+                    self._malformed(row.name, row.value, row.updated_at, exc)
+            versions.append((row.name, row.updated_at, value))
+        cold = self.loaded_at is None and not self._failed_before
+        fresh, waiting = _due(
+            versions, self._values, self._pending, cutoff=cutoff, cold=cold, now=now,
+            ahead=lambda name, stamp: self._report_ahead(name, stamp, now),
+        )  # fmt: skip
+        self._values, self._pending = fresh, waiting
+        self.loaded_at = now
+        if self._failing:
+            log.warning(
+                "quota: %s readable again; %d setting(s) in force", SETTINGS_TABLE, len(fresh)
+            )
+        self._failing = False
+
+    def _malformed(self, name: str, value: str | None, stamp: float, exc: Exception) -> None:
+        if (name, value, stamp) in self._reported:
+            return
+        if len(self._reported) > 1024:
+            self._reported.clear()
+        self._reported.add((name, value, stamp))
+        self._count("setting_invalid")
+        log.warning(
+            "quota: ignoring the row %r = %r of %s: %s; the setting keeps the value the"
+            " code gives it (`quota policy settings` lists the rows, `quota policy unset`"
+            " removes one)",
+            name, value, SETTINGS_TABLE, exc,
+        )  # fmt: skip
+
+    def _report_ahead(self, name: str, stamp: float, now: float) -> None:
+        if (name, "ahead", stamp) in self._reported:
+            return
+        self._reported.add((name, "ahead", stamp))
+        log.warning(
+            "quota: the setting %s in %s is stamped %.0f s ahead of this host's clock; it"
+            " applies when this clock is past its stamp. Are the clocks of the workers and"
+            " of the host running `quota policy` synchronised (NTP)?",
+            name, SETTINGS_TABLE, stamp - now,
+        )  # fmt: skip
+
+    def failed(self, exc: BaseException) -> None:
+        """Reading failed: keep the last good settings; log once per failing streak."""
+        self._count("settings_refresh_failed")
+        if not self._failing:
+            log.warning(
+                "quota: cannot read %s (%s: %s); keeping %d last-good setting(s)",
+                SETTINGS_TABLE, type(exc).__name__, exc, len(self._values),
+            )  # fmt: skip
+        self._failing = self._failed_before = True
+
+    def apply(self, guard: Guard) -> None:
+        """Bring `guard` in line with the settings in force; never raises.
+
+        A tier multiplier goes through `Guard.set_tier_multiplier`, the abuse
+        threshold to the guard's `AbuseDetector` (made when the guard was
+        built with alerts off; 0 puts it out of reach), each only when it
+        differs from the value in force. A setting that is gone gives back the
+        value it displaced, unless something else changed it meanwhile.
+        """
+        try:
+            with self._lock:
+                self._apply(guard)
+        except Exception:
+            if not self._apply_failing:
+                log.exception("quota: applying the settings of %s failed", SETTINGS_TABLE)
+            self._apply_failing = True
+        else:
+            self._apply_failing = False
+
+    def _apply(self, guard: Guard) -> None:
+        values = self._values
+        wanted = {
+            name[len(TIER_MULTIPLIER) :]: float(value)
+            for name, value in values.items()
+            if name.startswith(TIER_MULTIPLIER)
+        }
+        applied = self._multipliers
+        for tier, value in wanted.items():
+            current = guard.config.tier_multipliers.get(tier, 1.0)
+            configured = applied[tier][1] if tier in applied else current
+            if current != value:
+                guard.set_tier_multiplier(tier, value)
+                log.info("quota: tier %r now scaled by %g (%s)", tier, value, SETTINGS_TABLE)
+            applied[tier] = (value, configured)
+        for tier in [t for t in applied if t not in wanted]:
+            value, configured = applied.pop(tier)
+            current = guard.config.tier_multipliers.get(tier, 1.0)
+            if current == value and current != configured:
+                guard.set_tier_multiplier(tier, configured)
+                log.info("quota: tier %r scaled by %g again, as configured", tier, configured)
+        threshold = values.get(ABUSE_THRESHOLD)
+        if threshold is not None:
+            self._set_abuse(guard, int(threshold))
+            self._abuse = int(threshold)
+        elif self._abuse is not None:
+            detector = guard.abuse
+            if detector is None or detector.threshold == (self._abuse or _NO_ALERTS):
+                self._set_abuse(guard, guard.config.abuse_threshold)
+            self._abuse = None
+
+    def _set_abuse(self, guard: Guard, threshold: int) -> None:
+        detector = guard.abuse
+        # Never set back to None: a request may be between its check and its call.
+        if detector is None:
+            if threshold == 0:
+                return
+            config = guard.config
+            guard.abuse = AbuseDetector(
+                threshold, config.abuse_window, config.abuse_interval,
+                callback=guard._abuse_alert, clock=guard.clock, metrics=guard.metrics.sink,
+            )  # fmt: skip
+        elif detector.threshold != (threshold or _NO_ALERTS):
+            detector.threshold = threshold or _NO_ALERTS
+        else:
+            return
+        log.info(
+            "quota: abuse alerts %s (%s)",
+            f"after {threshold} 429s to one key" if threshold else "off", SETTINGS_TABLE,
+        )  # fmt: skip
 
 
 def runtime_policies(
@@ -439,3 +847,52 @@ def delete_policy(limiter: Any, route: str, subject: str = ANY) -> bool:
     store = limiter.store
     store.execute(PURGE, (False, now - TOMBSTONE_SECONDS))
     return bool(store.execute(DELETE, (False, now, route, subject, False)))
+
+
+def list_settings(limiter: Any) -> list[SettingRow]:
+    """Every setting in ``quota_settings`` on a sync `quota.Limiter` (deletions not shown).
+
+    Rows are listed as stored, malformed ones too (the middleware ignores
+    those; `SettingRow.parsed` says why).
+    """
+    rows = (_setting(values) for values in limiter.store.execute(SELECT_SETTINGS, ()))
+    return [row for row in rows if row.value is not None]
+
+
+def set_setting(
+    limiter: Any, name: str, value: float | int | str, *, note: str | None = None
+) -> SettingRow:
+    """Set `name` to `value`; returns the row as stored.
+
+    `name` is ``tier_multiplier.<tier>`` (a number from 0.001 to 1000, as
+    `HttpConfig.tier_multipliers`) or ``abuse_threshold`` (a whole number;
+    0 turns alerts off). `ConfigurationError`, with `HttpConfig`'s message,
+    for a value it would refuse. Stamped with the limiter's clock; every
+    middleware applies it at the first boundary of its cache period at least
+    one second later, as a policy change.
+    """
+    parsed = parse_setting(name, value)
+    if note is not None and not isinstance(note, str):
+        raise ConfigurationError(f"note must be a string or None, got {note!r}")
+    now = _now(limiter)
+    row = SettingRow(name=name, value=_text(parsed), note=note, updated_at=now)
+    store = limiter.store
+    store.execute(PURGE_SETTINGS, (now - TOMBSTONE_SECONDS,))
+    store.execute(UPSERT_SETTING, (row.name, row.value, row.note, row.updated_at))
+    return row
+
+
+def delete_setting(limiter: Any, name: str) -> bool:
+    """Delete the setting `name`; True if there was one.
+
+    The middlewares go back to their configured value at the same boundary,
+    as for a change: the row stays a while as a stamped deletion (value
+    NULL), purged two hours later when the table is next edited. Any name
+    can be deleted, a malformed row's too.
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
+    now = _now(limiter)
+    store = limiter.store
+    store.execute(PURGE_SETTINGS, (now - TOMBSTONE_SECONDS,))
+    return bool(store.execute(DELETE_SETTING, (now, name)))
