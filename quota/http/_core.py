@@ -67,6 +67,9 @@ from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_
 
 log = logging.getLogger("quota.http")
 
+#: Stores whose limiter a middleware opens with group commit (the SQL ones; the
+#: memory and Redis stores decide in one call without it).
+BATCHING_DIALECTS = frozenset({"sqlite", "postgresql"})
 #: Observer of metric events: ``observer(name, labels)``; see `Metrics`.
 Observer = Callable[[str, Mapping[str, str]], None]
 #: What a middleware's ``observer=`` takes: a callable as above, or a

@@ -1,6 +1,5 @@
 """ASGI middleware (Starlette, FastAPI, any ASGI app): a thin driver of `quota.http._core`.
 
-::
 
     from quota.http import HttpConfig, RoutePolicy
     from quota.http.asgi import QuotaMiddleware
@@ -36,6 +35,7 @@ from quota._abuse import AlertCallback
 from quota._limiter import AsyncLimiter, Limiter, connect_async
 from quota._url import default_url, parse_url
 from quota.http._core import (
+    BATCHING_DIALECTS,
     Guard,
     ObserverLike,
     Verdict,
@@ -143,7 +143,9 @@ class Limiters:
         if limiter is None:
             # Group commit: the hits of concurrent requests share one statement
             # (counts stay exact), far fewer round trips under load.
-            limiter = self._owned[loop] = connect_async(self.url, batching=True)
+            limiter = self._owned[loop] = connect_async(
+                self.url, batching=self.dialect in BATCHING_DIALECTS
+            )
         return limiter
 
     def clock(self) -> Callable[[], float] | None:

@@ -1,6 +1,5 @@
 """WSGI middleware (Flask, Django, any WSGI app): a thin driver of `quota.http._core`.
 
-::
 
     from quota.http import HttpConfig, RoutePolicy
     from quota.http.wsgi import QuotaWSGIMiddleware
@@ -20,7 +19,14 @@ from urllib.parse import quote
 from quota._abuse import AlertCallback
 from quota._limiter import Limiter, connect
 from quota._url import default_url, parse_url
-from quota.http._core import Guard, ObserverLike, Verdict, drive_sync, sync_effects
+from quota.http._core import (
+    BATCHING_DIALECTS,
+    Guard,
+    ObserverLike,
+    Verdict,
+    drive_sync,
+    sync_effects,
+)
 from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
 from quota.http._policy import DEFAULT_POLICY, HttpConfig, Plans
 from quota.http._responses import CorsOrigins, ResponseFactory, expose, with_cors
@@ -107,9 +113,9 @@ class QuotaWSGIMiddleware:
         self.cors = CorsOrigins.of(cors_origins)
         if limiter is None:
             url = url or default_url()
-            parse_url(url)
+            dialect = parse_url(url).dialect
             # Group commit between the server's threads; a lone request goes out at once.
-            limiter = connect(url, batching=True)
+            limiter = connect(url, batching=dialect in BATCHING_DIALECTS)
         self.limiter = limiter
         if config is None:
             config = HttpConfig.from_env(default=DEFAULT_POLICY)
