@@ -663,7 +663,7 @@ def demo(ctx: click.Context, clients: int) -> None:
 )
 @click.option(
     "--face", type=click.Choice(["auto", "sync", "async"]), default="auto", show_default=True,
-    help="auto: async for PostgreSQL, sync for SQLite (the targets of the README).",
+    help="auto: async for PostgreSQL, sync for SQLite.",
 )  # fmt: skip
 @click.option(
     "--scenario", type=click.Choice(["rate", "quota", "check"]), default="rate",

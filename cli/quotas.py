@@ -2,8 +2,8 @@
 
 A thin layer over `Limiter.quota_usage`, `grant_quota`, `refund_quota` and
 `ledger`. Exit codes as for every command (see `cli.main`): 0 done (a refund
-that found nothing to give back is done too, and says so), 2 bad option or
-argument, 3 database, URL or schema error.
+that found nothing to give back is done too, and says so), 2 bad option,
+argument or URL, 3 database or schema error.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from quota.http import Denial, HttpConfig, HttpResponse, RoutePolicy
 from quota.http.asgi import QuotaMiddleware
 from quota.http.fastapi import RateLimit, install
 
-#: Route classes, first match wins; the d1 design's endpoints and limits.
+#: Route classes, first match wins.
 POLICIES = [
     RoutePolicy(
         name="chat",

@@ -11,7 +11,7 @@ Durable quotas (money: LLM calls, paid API units) live apart from rate windows:
 ``refund_quota``, ``grant_quota``, ``ledger``, and ``limiter.check(...)`` for
 several limits at once, all or nothing.
 
-See README.md for the async face, migrations and the CLI.
+See the documentation (docs/) for the async face, migrations and the CLI.
 """
 
 from __future__ import annotations

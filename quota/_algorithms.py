@@ -50,6 +50,7 @@ SLIDING_WINDOW = "sliding_window"
 TOKEN_BUCKET = "token_bucket"
 GCRA = "gcra"
 ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET, GCRA)
+"""Every algorithm name ``algorithm=`` takes, the default first."""
 
 #: Short prefixes of the state rows' bucket keys, one per algorithm.
 PREFIX = {SLIDING_WINDOW: "sw", TOKEN_BUCKET: "tb", GCRA: "gcra"}

@@ -3,7 +3,7 @@
 quota's tables live beside yours but are migrated by quota (its own revisions
 and its own version table, ``quota_alembic_version``). Your autogenerate
 compares your models with the whole database, so without a filter it would
-propose dropping quota's tables. Pass these hooks in your ``env.py``::
+propose dropping quota's tables. Pass these hooks in your ``env.py``:
 
     import quota
     import quota.alembic
@@ -33,8 +33,8 @@ from quota._sql import VERSION_TABLE
 
 __all__ = ["TABLES", "include_name", "include_object", "is_quota_table"]
 
-#: Every table quota's migrations create, its version table included.
 TABLES: frozenset[str] = frozenset(metadata.tables) | {VERSION_TABLE}
+"""Every table quota's migrations create, its version table included."""
 #: Partitions of a partitioned counters table (created by cleanup, not by a migration).
 _PARTITION_PREFIX = "quota_counters_"
 

@@ -1,7 +1,7 @@
 """``quota bench --algorithm``: every algorithm beside the bare fixed-window baseline.
 
 Tiny runs (a fifth of a second): these check that each side runs what it says,
-not how fast; the figures are in the README.
+not how fast; the figures are in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """quota inside a host app that has its own Alembic history (its own models ``users`` and
 ``orders``, its own ``alembic init`` environment), on SQLite and PostgreSQL.
 
-The host's env.py is the one README shows: quota's hooks keep autogenerate off quota's
+The host's env.py is the one docs/deploying.md shows: quota's hooks keep autogenerate off quota's
 tables, and ``quota.migrate(connection)`` runs quota's migrations in the host's single
 ``alembic upgrade head``, before or after the host's own.
 """

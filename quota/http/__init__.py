@@ -1,6 +1,5 @@
 """HTTP integration: rate limits for ASGI and WSGI apps, a FastAPI dependency, runtime policies.
 
-::
 
     from quota.http import HttpConfig, RoutePolicy
     from quota.http.asgi import QuotaMiddleware        # Starlette, FastAPI, any ASGI app
@@ -9,7 +8,7 @@
 
 Importing this package (or `quota.http.asgi`, `quota.http.wsgi`) imports no
 web framework. One pure core (`quota.http._core`) decides; the middlewares
-only translate requests and responses. See README.md, "HTTP integration".
+only translate requests and responses. See docs/http.md.
 """
 
 from __future__ import annotations

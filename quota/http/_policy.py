@@ -584,7 +584,6 @@ class HttpConfig:
 
 # -- environment --------------------------------------------------------------------
 
-#: Every variable `HttpConfig.from_env` reads, with what it sets.
 ENV_VARS: Mapping[str, str] = {
     "QUOTA_ENABLED": "master switch (true/false); alias RATE_LIMIT_ENABLED",
     "QUOTA_SHADOW": "shadow mode: decide and report, never block",
@@ -625,6 +624,7 @@ ENV_VARS: Mapping[str, str] = {
     "QUOTA_ABUSE_WINDOW": "seconds over which QUOTA_ABUSE_THRESHOLD counts (default 60)",
     "QUOTA_ABUSE_INTERVAL": "seconds a key stays quiet after an abuse alert (default 900)",
 }
+"""Every variable `HttpConfig.from_env` reads, with what it sets."""
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

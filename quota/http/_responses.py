@@ -30,12 +30,12 @@ QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded
 
 LEGACY_HEADERS = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset")
 IETF_HEADERS = ("RateLimit", "RateLimit-Policy")
-#: Every header a browser client may want to read; list them in your CORS
-#: middleware's ``expose_headers`` if it overwrites ours.
 EXPOSE_HEADERS = (
     *LEGACY_HEADERS, "X-RateLimit-Lane", "X-RateLimit-Scope", "X-RateLimit-Tenant-Remaining",
     *IETF_HEADERS, "Retry-After",
 )  # fmt: skip
+"""Every header a browser client may want to read; list them in your CORS
+middleware's ``expose_headers`` if it overwrites ours."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,7 +173,7 @@ class PredictivePressure:
 
     Every `interval` seconds it takes one reading (by default max(CPU load
     per core, memory in use), as `quota.http.SystemPressure` does), keeps
-    the last `samples` of them, and reports::
+    the last `samples` of them, and reports:
 
         EWMA of the readings + least-squares slope of the last `samples` x horizon
 

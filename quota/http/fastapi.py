@@ -1,6 +1,5 @@
 """A FastAPI dependency limiting one route (needs the ``fastapi`` extra).
 
-::
 
     from fastapi import Depends, FastAPI
     from quota.http.fastapi import RateLimit, install
