@@ -43,7 +43,7 @@ from quota._core import (
     stored_key,
 )
 from quota._errors import ConfigurationError
-from quota._sql import Named
+from quota._sql import Statement
 
 FIXED_WINDOW = "fixed_window"
 SLIDING_WINDOW = "sliding_window"
@@ -328,10 +328,10 @@ def state_key(algorithm: str, window: int, stored_key: str) -> str:
 
 def statement(
     stored_key: str, rate: Rate, cost: int, now: float, count_denied: bool = True
-) -> tuple[Named, tuple[Any, ...]]:
+) -> tuple[Statement, tuple[Any, ...]]:
     """The one atomic statement deciding a hit under `rate`, with its parameters.
 
-    The parameters are a tuple in the order of the statement's `Named.names`.
+    The parameters are a tuple in the order of the statement's `Statement.names`.
     For the fixed window this is the database-clock form (the app-clock form
     is the positional hot path in `quota._limiter`). Every float parameter is
     computed here once, so all stores start from the same doubles.
@@ -381,7 +381,7 @@ def expiry(now: float, horizon: float) -> float:
 
 def plan(
     key: str, rate: Rate, cost: int, now: float, *, count_denied: bool, database_clock: bool
-) -> tuple[str | Named, Sequence[Any]]:
+) -> tuple[Statement, Sequence[Any]]:
     """The statement and parameters deciding one hit of `key` under `rate`.
 
     The fixed window on the app clock is the positional hot statement; every

@@ -2,7 +2,7 @@
 
 A store wrapper with the store protocol (`quota._store`), so it composes:
 limiter → fallback → batcher → store. It intercepts the hot statement
-`quota._sql.HIT` and passes every other statement straight through.
+`quota._sql.HIT` (by name) and passes every other statement straight through.
 
 How a hit travels:
 
@@ -19,11 +19,12 @@ How a hit travels:
   while the other is on the wire, and callers coming back from one batch
   gather for the next. A call never goes out alone while anything is in
   flight (that would spend a round trip on one hit).
-* **Inline stores** (the async SQLite store runs a statement on the event
-  loop when the file is free): such a statement is never seen in flight, so
-  a statement marks the rest of its loop turn busy instead; calls of other
-  tasks in that turn queue and go out together when the turn ends. The
-  caller that ran alone may go on alone for `LONE_RUNS_PER_TURN` calls.
+* **Inline stores** (a `quota._store.InlineStore`: the async SQLite store runs
+  a statement on the event loop when the file is free): such a statement is
+  never seen in flight, so a statement marks the rest of its loop turn busy
+  instead; calls of other tasks in that turn queue and go out together when
+  the turn ends. The caller that ran alone may go on alone for
+  `LONE_RUNS_PER_TURN` calls.
 * **Exact counts**: a key's hits of costs c1..cn (in arrival order) whose
   total came back as C hand caller i the count ``C - (c(i+1) + … + cn)``:
   the count it would have seen had the hits run one by one in that order.
@@ -40,7 +41,7 @@ is counted.
 Only `HIT` (count_denied=True) is batched. `HIT_CAPPED` (count_denied=False)
 is not: whether a capped hit counts depends on the count before it, which
 the summed statement cannot hand back, so it goes one by one; so do the
-other algorithms and the database clock (their statements are `Named`).
+other algorithms and the database clock (statements with ``:name`` parameters).
 """
 
 from __future__ import annotations
@@ -49,13 +50,13 @@ import asyncio
 import functools
 import threading
 from collections import deque
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from quota import _sql
 from quota._errors import StorageError
-from quota._sql import Named
-from quota._store import AsyncStore, Rows, Statement, SyncStore
+from quota._sql import Statement
+from quota._store import AsyncStore, InlineStore, Op, Rows, Step, SyncStore
 
 T = TypeVar("T")
 
@@ -79,16 +80,22 @@ _UPSERT = (
     " RETURNING bucket_key, count"
 )
 
+#: The name of every batch statement.
+BATCH_HIT = "hit_batch"
+#: The statement this module batches, by name.
+_HIT = _sql.HIT.name
+
 #: PostgreSQL's batch statement: two arrays (bucket keys, summed costs) and
 #: the batch's time. The other columns are read back out of the bucket key,
 #: ``window:start:client``, which costs the server less than the client
 #: encoding four more arrays.
-BATCH_HIT_POSTGRES = (
+BATCH_HIT_POSTGRES = Statement(
+    BATCH_HIT,
     _COLUMNS + " SELECT k,"
     " substr(k, length(split_part(k, ':', 1)) + length(split_part(k, ':', 2)) + 3),"
     " CAST(split_part(k, ':', 2) AS BIGINT), CAST(split_part(k, ':', 1) AS INTEGER), c,"
     " CAST(? AS DOUBLE PRECISION)"
-    " FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[])) AS t(k, c)" + _UPSERT
+    " FROM unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[])) AS t(k, c)" + _UPSERT,
 )
 
 Hit = Sequence[
@@ -107,7 +114,7 @@ def _padded(rows: int) -> int:
 
 
 @functools.cache
-def sqlite_batch_sql(rows: int) -> str:
+def sqlite_batch_sql(rows: int) -> Statement:
     """SQLite's batch statement for `rows` rows of six bound values.
 
     SQLite has no arrays; a VALUES list of bound parameters costs it about
@@ -118,7 +125,9 @@ def sqlite_batch_sql(rows: int) -> str:
     keeps the parser from reading ``ON CONFLICT`` as part of the ``SELECT``.
     """
     values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
-    return f"{_COLUMNS} SELECT * FROM (VALUES {values}) WHERE column1 IS NOT NULL{_UPSERT}"
+    return Statement(
+        BATCH_HIT, f"{_COLUMNS} SELECT * FROM (VALUES {values}) WHERE column1 IS NOT NULL{_UPSERT}"
+    )
 
 
 def most_per_batch(dialect: str, max_batch: int) -> int:
@@ -126,12 +135,20 @@ def most_per_batch(dialect: str, max_batch: int) -> int:
     return min(max_batch, SQLITE_MAX_BATCH) if dialect == "sqlite" else max_batch
 
 
-def is_batch_statement(sql: object) -> bool:
-    """Whether `sql` is a batch statement of `batch_statement` (for tests and tools)."""
-    return isinstance(sql, str) and sql.startswith(_COLUMNS + " SELECT")
+def _batched(statement: Statement) -> bool:
+    """Whether `statement` is the one this module batches (`quota._sql.HIT`)."""
+    try:
+        return statement.name == _HIT
+    except AttributeError:  # bare SQL text (`quota._sql.as_statement`)
+        return False
 
 
-def batch_statement(dialect: str, hits: Sequence[Hit]) -> tuple[str, Sequence[Any]]:
+def is_batch_statement(statement: object) -> bool:
+    """Whether `statement` is a batch statement of `batch_statement` (for tests and tools)."""
+    return isinstance(statement, Statement) and statement.name == BATCH_HIT
+
+
+def batch_statement(dialect: str, hits: Sequence[Hit]) -> Step:
     """The one statement and its parameters for `hits`: costs summed per bucket key, keys sorted.
 
     Every row's ``updated_at`` is the batch's latest hit time.
@@ -172,7 +189,7 @@ def split_counts(hits: Sequence[Hit], rows: Rows) -> list[int]:
     costs of the later hits on that key. Raises `StorageError` if a key is
     missing from `rows` (the statement returns every key it wrote).
     """
-    totals: dict[str, int] = dict(rows)  # type: ignore[arg-type]  # (text, bigint) pairs
+    totals: dict[str, int] = {key: count for key, count in rows}
     counts = [0] * len(hits)
     i = len(hits)
     try:
@@ -216,32 +233,37 @@ class AsyncBatchingStore:
         # A caller that goes on alone (nobody else has run meanwhile) may send
         # a few more statements of its own in the same turn: a lone sequential
         # caller pays no wait, and still yields to the others now and then.
-        self._inline = hasattr(store, "try_inline")
+        self._inline = store if isinstance(store, InlineStore) else None
         self._turn_busy = False
         self._turn_owner: asyncio.Task[Any] | None = None
         self._turn_runs = 0
         self._next_scheduled = False
 
-    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        if sql is not _sql.HIT:
-            return await self.store.execute(sql, params)
+    @property
+    def up(self) -> bool:
+        return self.store.up
+
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        if not _batched(statement):
+            return await self.store.execute(statement, params)
         if self._in_flight == 0 and not self._queue and (not self._turn_busy or self._may_go_on()):
-            if self._inline:  # done now, without yielding, if the file is free
+            inline = self._inline
+            if inline is not None:  # done now, without yielding, if the file is free
                 try:
-                    rows = self.store.try_inline(sql, params)  # type: ignore[attr-defined]
+                    rows = inline.try_inline(statement, params)
                 except Exception:
                     self._mark_turn(True)
                     raise
                 if rows is not None:
                     self._mark_turn(True)
-                    return rows  # type: ignore[no-any-return]
+                    return rows
             self._in_flight += 1
             try:
-                return await self.store.execute(sql, params)
+                return await self.store.execute(statement, params)
             finally:
                 self._done(contended=False, lone=True)
         waiter: asyncio.Future[Rows] = asyncio.get_running_loop().create_future()
-        self._queue.append((params, waiter))  # type: ignore[arg-type]
+        self._queue.append((params, waiter))
         if self._in_flight < self.slots and not self._next_scheduled:
             # Busy only because of this turn: nothing in flight will send the queue.
             self._in_flight += 1
@@ -261,7 +283,7 @@ class AsyncBatchingStore:
         `lone`: a caller's own statement (not a batch, even of one: a batch
         of one shows no company, so it does not make the turn busy).
         """
-        if self._inline and (lone or contended):
+        if self._inline is not None and (lone or contended):
             self._mark_turn(lone)
         if contended or self._queue:
             # Let the callers just woken come back first, so they ride the
@@ -335,7 +357,10 @@ class AsyncBatchingStore:
         finally:
             self._done(contended=len(batch) > 1, lone=False)
 
-    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    async def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        return await self.store.execute_strict(statement, params)
+
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
         return await self.store.run(op, transaction=transaction)
 
     async def aclose(self) -> None:
@@ -377,19 +402,23 @@ class BatchingStore:
         self._busy = False
         self._queue: deque[_Waiter] = deque()
 
-    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        if sql is not _sql.HIT:
-            return self.store.execute(sql, params)
+    @property
+    def up(self) -> bool:
+        return self.store.up
+
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        if not _batched(statement):
+            return self.store.execute(statement, params)
+        me: _Waiter | None = None
         with self._lock:
             if self._busy:
-                me: _Waiter | None = _Waiter(params)  # type: ignore[arg-type]
-                self._queue.append(me)  # type: ignore[arg-type]
+                me = _Waiter(params)
+                self._queue.append(me)
             else:
-                me = None
                 self._busy = True
         if me is None:
             try:
-                return self.store.execute(sql, params)
+                return self.store.execute(statement, params)
             finally:
                 self._hand_on()
         me.wake.acquire()
@@ -428,7 +457,10 @@ class BatchingStore:
         batch[0].batch = batch
         batch[0].wake.release()
 
-    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        return self.store.execute_strict(statement, params)
+
+    def run(self, op: Op[T], *, transaction: bool) -> T:
         return self.store.run(op, transaction=transaction)
 
     def close(self) -> None:

@@ -61,7 +61,7 @@ def _entry(subject: str, key: str | None, used: int, now: float) -> Statement:
 
 def _windows(subject: str, now: float) -> list[Statement]:
     second, stored = int(now), "k:" + subject
-    out = []
+    out: list[Statement] = []
     for window in sorted((60, 3600), key=lambda w: f"{w}:{second - second % w}:{stored}"):
         start = second - second % window
         params = (f"{window}:{start}:{stored}", stored, start, window, 1, now, LIMIT)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from quota import _algorithms, _ops, _quotas, _sql
 from quota._algorithms import FIXED_WINDOW, Rate, closed_decision
@@ -29,7 +29,7 @@ from quota._core import (
     hit_params,
     stored_key,
 )
-from quota._errors import QuotaError
+from quota._errors import ConfigurationError, QuotaError
 from quota._limiter_base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_GRACE,
@@ -54,8 +54,10 @@ from quota._quotas import (
     RefundResult,
 )
 from quota._resilience import AsyncResilientStore, StoreDown
-from quota._store import AsyncStore
+from quota._store import AsyncStore, Op, adrive
 from quota._url import StoreURL
+
+T = TypeVar("T")
 
 
 class AsyncLimiter(LimiterBase[AsyncStore]):
@@ -133,7 +135,8 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         )
         strict = fail_closed and self._fallback is not None
         try:
-            rows = await (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
+            execute = self.store.execute_strict if strict else self.store.execute
+            rows = await execute(sql, params)
         except StoreDown:
             decision = closed_decision(key, rate, now, self._retry_down)
             if self._observing:
@@ -281,6 +284,21 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             record_rate_denials=self._record_denials,
         )  # fmt: skip
         return await _quotas.arun(self.store, make(), again=make)
+
+    async def run(self, op: Op[T], *, transaction: bool = False, strict: bool = False) -> T:
+        """Run `op`, an operation of `quota._sql` statements (see `quota._store`), on the store.
+
+        On one connection, in one transaction if `transaction`. With `strict`
+        and a fallback, never from memory: `quota.StoreDown` while the store is
+        down, each statement held to the fallback's budget (then each commits on
+        its own, so `transaction` must be False). Raises `StorageError` when the
+        database fails, `ConfigurationError` for `strict` with `transaction`.
+        """
+        if strict and self._fallback is not None:
+            if transaction:
+                raise ConfigurationError("run(strict=True) cannot hold a transaction")
+            return await adrive(op, self.store.execute_strict)
+        return await self.store.run(op, transaction=transaction)
 
     async def _record_denial(self, decision: Decision, cost: int, now: float) -> None:
         try:

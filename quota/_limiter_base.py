@@ -239,7 +239,7 @@ class LimiterBase(Generic[StoreT]):
         """Tell the metrics and the abuse detector (those configured) about one decision."""
         if self._metrics is not None:
             if not source:
-                source = "store" if getattr(self.store, "up", True) else "fallback"
+                source = "store" if self.store.up else "fallback"
             self._metrics.record_decision(decision.allowed, source=source)
         if self._abuse is not None and not decision.allowed:
             self._abuse.record_denial(decision.key)

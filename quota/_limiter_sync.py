@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from quota import _algorithms, _ops, _quotas, _sql
 from quota._algorithms import FIXED_WINDOW, Rate, closed_decision
@@ -31,7 +31,7 @@ from quota._core import (
     hit_params,
     stored_key,
 )
-from quota._errors import QuotaError
+from quota._errors import ConfigurationError, QuotaError
 from quota._limiter_base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_GRACE,
@@ -56,8 +56,10 @@ from quota._quotas import (
     RefundResult,
 )
 from quota._resilience import ResilientStore, StoreDown
-from quota._store import SyncStore
+from quota._store import Op, SyncStore, drive
 from quota._url import StoreURL
+
+T = TypeVar("T")
 
 
 class Limiter(LimiterBase[SyncStore]):
@@ -133,7 +135,8 @@ class Limiter(LimiterBase[SyncStore]):
         )
         strict = fail_closed and self._fallback is not None
         try:
-            rows = (self.store.execute_strict if strict else self.store.execute)(sql, params)  # type: ignore[attr-defined]
+            execute = self.store.execute_strict if strict else self.store.execute
+            rows = execute(sql, params)
         except StoreDown:
             decision = closed_decision(key, rate, now, self._retry_down)
             if self._observing:
@@ -281,6 +284,21 @@ class Limiter(LimiterBase[SyncStore]):
             record_rate_denials=self._record_denials,
         )  # fmt: skip
         return _quotas.run(self.store, make(), again=make)
+
+    def run(self, op: Op[T], *, transaction: bool = False, strict: bool = False) -> T:
+        """Run `op`, an operation of `quota._sql` statements (see `quota._store`), on the store.
+
+        On one connection, in one transaction if `transaction`. With `strict`
+        and a fallback, never from memory: `quota.StoreDown` while the store is
+        down, each statement held to the fallback's budget (then each commits on
+        its own, so `transaction` must be False). Raises `StorageError` when the
+        database fails, `ConfigurationError` for `strict` with `transaction`.
+        """
+        if strict and self._fallback is not None:
+            if transaction:
+                raise ConfigurationError("run(strict=True) cannot hold a transaction")
+            return drive(op, self.store.execute_strict)
+        return self.store.run(op, transaction=transaction)
 
     def _record_denial(self, decision: Decision, cost: int, now: float) -> None:
         try:

@@ -1,12 +1,12 @@
 """The memory store (``memory://``): every algorithm, in this process, bounded in size.
 
-It speaks the same statements as the SQL stores (the constants of
+It speaks the same statements as the SQL stores (the `Statement` objects of
 `quota._sql`) and answers with rows of the same shape, so the limiters, the
 operations of `quota._ops` and the fail-open fallback drive it unchanged.
-Positional statements are recognised by their text, named ones by their
-name; the algorithms are the pure transitions of `quota._algorithms` (the
-very functions the SQL and Lua spell out), so a memory store decides exactly
-as a database would from the same trace.
+Each statement is looked up by its name in a table of handlers; the
+algorithms are the pure transitions of `quota._algorithms` (the very
+functions the SQL and Lua spell out), so a memory store decides exactly as a
+database would from the same trace.
 
 Rows live in one ordered dict, least recently used first, guarded by one
 lock held for a dictionary update or two (nothing in here waits on I/O, so
@@ -25,12 +25,13 @@ holds it. ``?max_keys=N`` bounds the rows (default 100,000).
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -38,8 +39,8 @@ from quota import _sql
 from quota._algorithms import bucket_step, gcra_step, sliding_step, window_start
 from quota._core import check_int
 from quota._errors import ConfigurationError
-from quota._sql import Named
-from quota._store import Rows, Statement, drive
+from quota._sql import Statement
+from quota._store import Op, Rows, drive, handlers, unsupported
 
 T = TypeVar("T")
 
@@ -58,9 +59,6 @@ _WINDOW = 3  # window_seconds
 _START = _PREV = 4  # window_start, or prev_value
 _CREATED = _STAMP = 5  # when the window's row was made (nothing reads it), or stamp
 _STATE = 6  # False for a counter, True for algorithm state
-
-_HIT = _sql.HIT
-_HIT_CAPPED = _sql.HIT_CAPPED
 
 
 class _Table:
@@ -111,16 +109,6 @@ def parse_target(target: str) -> tuple[str, int]:
     return name.strip("/"), check_int("max_keys", max_keys, maximum=10**9)
 
 
-def _unsupported(sql: object) -> ConfigurationError:
-    what = f"statement {sql.name!r}" if isinstance(sql, Named) else f"statement {str(sql)[:60]!r}…"
-    if sql in (_sql.PG_TRY_LOCK, _sql.PG_UNLOCK):
-        what = "PostgreSQL advisory locks"
-    return ConfigurationError(
-        f"the memory store cannot run {what}: it keeps rate limits only (every algorithm);"
-        " durable quotas and other SQL-only features need sqlite:// or postgresql://"
-    )
-
-
 class MemoryStore:
     """Sync memory store; thread-safe. See the module docstring."""
 
@@ -140,59 +128,57 @@ class MemoryStore:
         self._clients = table.clients
         self._lock = table.lock
         self._max_keys = max_keys
-        self._positional: dict[str, Callable[[Sequence[Any]], Rows]] = {
+        statements: dict[Statement, Callable[[Any], Rows]] = {
+            _sql.HIT: self._hit,
             _sql.HIT_CAPPED: self._hit_capped,
             _sql.PEEK: self._peek,
-            _sql.RESET_ALL: lambda p: self._reset(p[0], None, state=False),
-            _sql.RESET_WINDOW: lambda p: self._reset(p[0], p[1], state=False),
-            _sql.COUNT_EXPIRED: lambda p: self._count_expired(p[0], state=False),
-            _sql.DELETE_EXPIRED: lambda p: self._delete_expired(p[0], p[1], state=False),
-            _sql.TOP: self._top,
             _sql.STATE_PEEK: self._state_peek,
-            _sql.STATE_RESET_ALL: lambda p: self._reset(p[0], None, state=True),
-            _sql.STATE_RESET_WINDOW: lambda p: self._reset(p[0], p[1], state=True),
-            _sql.STATE_COUNT_EXPIRED: lambda p: self._count_expired(p[0], state=True),
-            _sql.STATE_DELETE_EXPIRED: lambda p: self._delete_expired(p[0], p[1], state=True),
+            _sql.RESET_ALL: functools.partial(self._reset, state=False),
+            _sql.RESET_WINDOW: functools.partial(self._reset, state=False),
+            _sql.STATE_RESET_ALL: functools.partial(self._reset, state=True),
+            _sql.STATE_RESET_WINDOW: functools.partial(self._reset, state=True),
+            _sql.COUNT_EXPIRED: functools.partial(self._count_expired, state=False),
+            _sql.STATE_COUNT_EXPIRED: functools.partial(self._count_expired, state=True),
+            _sql.DELETE_EXPIRED: functools.partial(self._delete_expired, state=False),
+            _sql.STATE_DELETE_EXPIRED: functools.partial(self._delete_expired, state=True),
+            _sql.TOP: self._top,
             _sql.SCHEMA_VERSION: self._schema_version,
+            _sql.SLIDING_WINDOW: self._sliding,
+            _sql.TOKEN_BUCKET: self._bucket,
+            _sql.GCRA: self._gcra,
+            _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
+            _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
         }
-        self._named: dict[str, Callable[[Mapping[str, Any]], Rows]] = {
-            _sql.SLIDING_WINDOW.name: self._sliding,
-            _sql.TOKEN_BUCKET.name: self._bucket,
-            _sql.GCRA.name: self._gcra,
-            _sql.HIT_DB_CLOCK.name: lambda p: self._fixed(p, capped=False),
-            _sql.HIT_DB_CLOCK_CAPPED.name: lambda p: self._fixed(p, capped=True),
-        }
+        #: Statement name -> handler: every statement this store keeps.
+        self._handlers = handlers(statements)
 
     def __len__(self) -> int:
         """Rows held: counters and algorithm state."""
         return len(self._rows)
 
-    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+    #: No fallback answers for a memory store.
+    up = True
+
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         """Run one statement of `quota._sql` atomically; see `quota._store.SyncStore.execute`.
 
         Raises `ConfigurationError` for a statement the memory store does not keep.
         """
-        if sql is _HIT:  # the hot path, inline
-            hit: Any = params
-            lock = self._lock
-            lock.acquire()
-            try:
-                row = self._get(hit[0])
-                if row is None:
-                    return self._hit(hit)
-                self._touch(hit[0])
-                count = row[_VALUE] = row[_VALUE] + hit[4]
-                return ((count,),)
-            finally:
-                lock.release()
+        # `_dispatch`, inline: one call less on the hot path.
+        try:
+            handler = self._handlers[statement.name]
+        except (KeyError, AttributeError):  # AttributeError: bare text, no statement
+            raise unsupported("memory", statement) from None
         lock = self._lock
         lock.acquire()
         try:
-            return self._dispatch(sql, params)
+            return handler(params)
         finally:
             lock.release()
 
-    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    execute_strict = execute
+
+    def run(self, op: Op[T], *, transaction: bool) -> T:
         """Drive `op`; with `transaction`, under the lock, so no other call interleaves."""
         if not transaction:
             return drive(op, self.execute)
@@ -204,18 +190,12 @@ class MemoryStore:
 
     # -- statements (the lock is held) ----------------------------------------------------
 
-    def _dispatch(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        if isinstance(sql, Named):
-            named = self._named.get(sql.name)
-            if named is None:
-                raise _unsupported(sql)
-            return named(sql.as_dict(params))  # type: ignore[arg-type]
-        if sql is _HIT or sql == _HIT:
-            return self._hit(params)  # type: ignore[arg-type]
-        positional = self._positional.get(sql)
-        if positional is None:
-            raise _unsupported(sql)
-        return positional(params)  # type: ignore[arg-type]
+    def _dispatch(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        try:
+            handler = self._handlers[statement.name]
+        except (KeyError, AttributeError):
+            raise unsupported("memory", statement) from None
+        return handler(params)
 
     def _insert(self, bucket_key: str, row: list[Any], now: float) -> None:
         rows = self._rows
@@ -247,14 +227,16 @@ class MemoryStore:
             del self._clients[client]
 
     def _hit(self, params: Sequence[Any]) -> Rows:
-        bucket_key, client_key, start, window, cost, now = params[:6]
-        row = self._rows.get(bucket_key)
+        # The hot path: a running window is one lookup, one move and one add.
+        bucket_key = params[0]
+        row = self._get(bucket_key)
         if row is None:
+            _, client_key, start, window, cost, now = params[:6]
             self._insert(bucket_key, [cost, start + window, client_key, window, start, now, False], now)  # fmt: skip
             return ((cost,),)
-        self._rows.move_to_end(bucket_key)
-        row[_VALUE] += cost
-        return ((row[_VALUE],),)
+        self._touch(bucket_key)
+        count = row[_VALUE] = row[_VALUE] + params[4]
+        return ((count,),)
 
     def _hit_capped(self, params: Sequence[Any]) -> Rows:
         """As SQL: a new window takes the hit; a running one only while it stays within `limit`."""
@@ -271,7 +253,9 @@ class MemoryStore:
         row = self._rows.get(params[0])
         return () if row is None or not row[_STATE] else ((row[_VALUE], row[_PREV], row[_STAMP]),)
 
-    def _reset(self, client_key: str, window: int | None, *, state: bool) -> Rows:
+    def _reset(self, params: Sequence[Any], *, state: bool) -> Rows:
+        """Params: client_key (and window_seconds)."""
+        client_key, window = params[0], params[1] if len(params) > 1 else None
         doomed = [
             bucket_key
             for bucket_key in self._clients.get(client_key, ())
@@ -289,11 +273,13 @@ class MemoryStore:
             if row[_STATE] is state and row[_EXPIRES] < cutoff
         ]
 
-    def _count_expired(self, cutoff: float, *, state: bool) -> Rows:
-        return ((len(self._expired(cutoff, state=state)),),)
+    def _count_expired(self, params: Sequence[Any], *, state: bool) -> Rows:
+        """Params: cutoff."""
+        return ((len(self._expired(params[0], state=state)),),)
 
-    def _delete_expired(self, cutoff: float, batch_size: int, *, state: bool) -> Rows:
-        doomed = self._expired(cutoff, state=state)[:batch_size]
+    def _delete_expired(self, params: Sequence[Any], *, state: bool) -> Rows:
+        """Params: cutoff, batch size (and cutoff)."""
+        doomed = self._expired(params[0], state=state)[: params[1]]
         for bucket_key in doomed:
             self._drop(bucket_key)
         return [(1,)] * len(doomed)
@@ -383,11 +369,15 @@ class AsyncMemoryStore:
     def __len__(self) -> int:
         return len(self.sync)
 
-    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        """See `MemoryStore.execute`."""
-        return self.sync.execute(sql, params)
+    up = True
 
-    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        """See `MemoryStore.execute`."""
+        return self.sync.execute(statement, params)
+
+    execute_strict = execute
+
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
         """See `MemoryStore.run`."""
         return self.sync.run(op, transaction=transaction)
 

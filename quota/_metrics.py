@@ -39,13 +39,13 @@ import bisect
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from quota._core import check_int
 from quota._errors import ConfigurationError, QuotaError, SchemaError
-from quota._sql import Named
-from quota._store import AsyncStore, Rows, Statement, SyncStore
+from quota._sql import Statement
+from quota._store import AsyncStore, Op, Rows, SyncStore
 
 T = TypeVar("T")
 
@@ -191,7 +191,7 @@ class Metrics:
     def snapshot(self) -> dict[str, Any]:
         """Every number, copied under the lock, as plain data (JSON-serialisable).
 
-        The shape::
+        The shape:
 
             {
               "decisions": [          # one row per label set, sorted
@@ -364,6 +364,25 @@ def _kind(exc: BaseException) -> str:
     return "error"
 
 
+class _Timed:
+    """Times one store call into `Metrics`: its latency when it returns, the kind of
+    failure when it raises a `QuotaError` (both faces: ``with _Timed(metrics): …``)."""
+
+    __slots__ = ("_metrics", "_started")
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self._metrics.observe_store_latency(time.perf_counter() - self._started)
+        elif isinstance(exc, QuotaError):
+            self._metrics.record_store_error(_kind(exc))
+
+
 class MeteredStore:
     """A sync store wrapper timing every statement and counting failures into `Metrics`."""
 
@@ -372,17 +391,19 @@ class MeteredStore:
         self.metrics = metrics
         self.dialect = store.dialect
 
-    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        started = time.perf_counter()
-        try:
-            rows = self.store.execute(sql, params)
-        except QuotaError as exc:
-            self.metrics.record_store_error(_kind(exc))
-            raise
-        self.metrics.observe_store_latency(time.perf_counter() - started)
-        return rows
+    @property
+    def up(self) -> bool:
+        return self.store.up
 
-    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        with _Timed(self.metrics):
+            return self.store.execute(statement, params)
+
+    def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        with _Timed(self.metrics):
+            return self.store.execute_strict(statement, params)
+
+    def run(self, op: Op[T], *, transaction: bool) -> T:
         return self.store.run(op, transaction=transaction)
 
     def close(self) -> None:
@@ -397,17 +418,19 @@ class AsyncMeteredStore:
         self.metrics = metrics
         self.dialect = store.dialect
 
-    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        started = time.perf_counter()
-        try:
-            rows = await self.store.execute(sql, params)
-        except QuotaError as exc:
-            self.metrics.record_store_error(_kind(exc))
-            raise
-        self.metrics.observe_store_latency(time.perf_counter() - started)
-        return rows
+    @property
+    def up(self) -> bool:
+        return self.store.up
 
-    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        with _Timed(self.metrics):
+            return await self.store.execute(statement, params)
+
+    async def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        with _Timed(self.metrics):
+            return await self.store.execute_strict(statement, params)
+
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
         return await self.store.run(op, transaction=transaction)
 
     async def aclose(self) -> None:

@@ -37,10 +37,10 @@ from quota._core import (
     stored_key,
 )
 from quota._errors import ConfigurationError
-from quota._store import Rows, Statement
+from quota._store import Rows, Step
 
 
-def peek(key: str, rate: Rate, now: float) -> Generator[Statement, Rows, Decision]:
+def peek(key: str, rate: Rate, now: float) -> Generator[Step, Rows, Decision]:
     """The state of `key` under `rate` without counting a hit.
 
     ``allowed`` says whether one more hit (cost 1) would pass right now.
@@ -71,7 +71,7 @@ def peek(key: str, rate: Rate, now: float) -> Generator[Statement, Rows, Decisio
     return gcra_decision(key, rate, 1, now, tat, allowed)
 
 
-def reset(stored_key: str, window: int | None) -> Generator[Statement, Rows, int]:
+def reset(stored_key: str, window: int | None) -> Generator[Step, Rows, int]:
     """Delete every window and state of a key (of one window length if given); return rows deleted."""
     deleted = 0
     for every, one in (
@@ -111,7 +111,7 @@ class CleanupResult:
 def cleanup(
     dialect: str, now: float, *, grace: int, batch_size: int, dry_run: bool,
     progress: Callable[[int], None] | None = None,
-) -> Generator[Statement, Rows, CleanupResult]:  # fmt: skip
+) -> Generator[Step, Rows, CleanupResult]:  # fmt: skip
     """Delete windows that ended more than `grace` seconds before `now`, `batch_size` rows at a time.
 
     Each batch commits on its own, so a long sweep never holds locks for
@@ -196,7 +196,7 @@ class Usage:
     reset_at: int
 
 
-def top(now: float, limit: int) -> Generator[Statement, Rows, list[Usage]]:
+def top(now: float, limit: int) -> Generator[Step, Rows, list[Usage]]:
     """The busiest keys in windows that have not ended yet, busiest first."""
     check_int("n", limit, maximum=100_000)
     rows = yield _sql.TOP, (int(now), limit)

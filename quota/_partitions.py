@@ -32,7 +32,8 @@ import functools
 import re
 from collections.abc import Generator
 
-from quota._store import Rows, Statement
+from quota._sql import Statement
+from quota._store import Rows, Step
 
 #: Seconds of window starts per partition.
 PARTITION_SECONDS = 3600
@@ -49,14 +50,16 @@ STORAGE = (
 )
 
 #: One row when the counters table is partitioned, none otherwise.
-IS_PARTITIONED = (
-    "SELECT 1 FROM pg_class WHERE oid = to_regclass('quota_counters') AND relkind = 'p'"
+IS_PARTITIONED = Statement(
+    "is_partitioned",
+    "SELECT 1 FROM pg_class WHERE oid = to_regclass('quota_counters') AND relkind = 'p'",
 )
 #: The partitions (default excluded) with their bounds, and whether they are logged.
-LIST_PARTITIONS = (
+LIST_PARTITIONS = Statement(
+    "list_partitions",
     "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), c.relpersistence"
     " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-    " WHERE i.inhparent = to_regclass('quota_counters')"
+    " WHERE i.inhparent = to_regclass('quota_counters')",
 )
 _BOUND = re.compile(r"FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)")
 
@@ -111,10 +114,14 @@ def create_partition_sql(start: int, logged: bool) -> str:
 
 
 #: Step 1 of `_create_partition` (``ONLY``: every hit reaches the partitions through it).
-LOCK_PARENT = "LOCK TABLE ONLY quota_counters IN ACCESS EXCLUSIVE MODE"
+LOCK_PARENT = Statement("lock_parent", "LOCK TABLE ONLY quota_counters IN ACCESS EXCLUSIVE MODE")
 #: The rows of the default partition in one partition's range; the first condition adds
 #: nothing (a window ends after it starts) but lets the window-end index skip the ended ones.
 _IN_RANGE = "window_start + window_seconds >= ? AND window_start >= ? AND window_start < ?"
+#: Step 2 of `_create_partition`. Params: `_range_params`.
+_DEFAULT_HOLDS_RANGE = Statement(
+    "default_holds_range", f"SELECT 1 FROM {DEFAULT_PARTITION} WHERE {_IN_RANGE} LIMIT 1"
+)
 
 
 def _range_params(start: int) -> tuple[int, int, int]:
@@ -131,7 +138,7 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def maintain(now: float, cutoff: int) -> Generator[Statement, Rows, int]:
+def maintain(now: float, cutoff: int) -> Generator[Step, Rows, int]:
     """Create partitions ahead and drop the expired ones; return the rows dropped with them.
 
     Does nothing (one catalog query) when the counters table is not
@@ -161,33 +168,42 @@ def maintain(now: float, cutoff: int) -> Generator[Statement, Rows, int]:
 #: next cleanup tries again). It holds the parent's lock until its commit returns: don't
 #: make every hit wait for a WAL flush too; a crash can only undo the last partitions
 #: created or dropped, which the next cleanup redoes.
-DDL_SETTINGS = (
-    "SELECT set_config('lock_timeout', '2s', true), set_config('synchronous_commit', 'off', true)"
+DDL_SETTINGS = Statement(
+    "ddl_settings",
+    "SELECT set_config('lock_timeout', '2s', true), set_config('synchronous_commit', 'off', true)",
 )
+BEGIN = Statement("begin", "BEGIN")
+COMMIT = Statement("commit", "COMMIT")
+ROLLBACK = Statement("rollback", "ROLLBACK")
 
 
-def _transaction(body: Generator[Statement, Rows, None]) -> Generator[Statement, Rows, None]:
+def _maintenance(sql: str) -> Statement:
+    """A statement made up here: it names a partition (DDL, or a read of one partition)."""
+    return Statement("partition_maintenance", sql)
+
+
+def _transaction(body: Generator[Step, Rows, None]) -> Generator[Step, Rows, None]:
     """Run the statements of `body` in a transaction of their own, under `DDL_SETTINGS`."""
-    yield "BEGIN", ()
+    yield BEGIN, ()
     try:
         yield DDL_SETTINGS, ()
         yield from body
     except BaseException:
-        yield "ROLLBACK", ()
+        yield ROLLBACK, ()
         raise
-    yield "COMMIT", ()
+    yield COMMIT, ()
 
 
-def _statement(statement: str) -> Generator[Statement, Rows, None]:
-    yield statement, ()
+def _statement(sql: str) -> Generator[Step, Rows, None]:
+    yield _maintenance(sql), ()
 
 
-def _ddl(statement: str) -> Generator[Statement, Rows, None]:
+def _ddl(sql: str) -> Generator[Step, Rows, None]:
     """Run one DDL statement in a transaction of its own, under `DDL_SETTINGS`."""
-    yield from _transaction(_statement(statement))
+    yield from _transaction(_statement(sql))
 
 
-def _create_partition(start: int, logged: bool) -> Generator[Statement, Rows, None]:
+def _create_partition(start: int, logged: bool) -> Generator[Step, Rows, None]:
     """Create the partition of `start`, taking over the default partition's rows of its range.
 
     ``CREATE TABLE … PARTITION OF`` refuses to create a partition while the
@@ -222,26 +238,33 @@ def _create_partition(start: int, logged: bool) -> Generator[Statement, Rows, No
     fails over as it would behind any lock.
     """
     yield LOCK_PARENT, ()
-    rows = yield (
-        f"SELECT 1 FROM {DEFAULT_PARTITION} WHERE {_IN_RANGE} LIMIT 1",
-        _range_params(start),
-    )
+    rows = yield _DEFAULT_HOLDS_RANGE, _range_params(start)
     if not rows:
-        yield create_partition_sql(start, logged), ()
+        yield _maintenance(create_partition_sql(start, logged)), ()
         return
     name, unlogged = partition_name(start), "" if logged else "UNLOGGED "
-    yield f"CREATE {unlogged}TABLE {name} (LIKE quota_counters) WITH ({STORAGE})", ()
     yield (
-        f"WITH moved AS (DELETE FROM {DEFAULT_PARTITION} WHERE {_IN_RANGE} RETURNING *)"
-        f" INSERT INTO {name} SELECT * FROM moved",
+        _maintenance(f"CREATE {unlogged}TABLE {name} (LIKE quota_counters) WITH ({STORAGE})"),
+        (),
+    )
+    yield (
+        _maintenance(
+            f"WITH moved AS (DELETE FROM {DEFAULT_PARTITION} WHERE {_IN_RANGE} RETURNING *)"
+            f" INSERT INTO {name} SELECT * FROM moved"
+        ),
         _range_params(start),
     )
-    yield f"ALTER TABLE quota_counters ATTACH PARTITION {name} FOR VALUES {_bounds(start)}", ()
+    yield (
+        _maintenance(
+            f"ALTER TABLE quota_counters ATTACH PARTITION {name} FOR VALUES {_bounds(start)}"
+        ),
+        (),
+    )
 
 
 def _create_and_drop(
     ranges: list[tuple[str, int, int]], existing: set[int], logged: bool, now: float, cutoff: int
-) -> Generator[Statement, Rows, int]:
+) -> Generator[Step, Rows, int]:
     for start in starts_between(now, now + AHEAD):
         if start not in existing:
             yield from _transaction(_create_partition(start, logged))
@@ -250,22 +273,24 @@ def _create_and_drop(
         if high > cutoff:
             continue  # new windows may still start in its range
         table = _quote(name)
-        rows = yield f"SELECT max(window_start + window_seconds) FROM {table}", ()
+        rows = yield _maintenance(f"SELECT max(window_start + window_seconds) FROM {table}"), ()
         if rows[0][0] is not None and rows[0][0] >= cutoff:
             continue  # a window in it is still running: row cleanup deals with the rest
         yield from _ddl(f"ALTER TABLE quota_counters DETACH PARTITION {table}")
         # A live window that reached the partition after the check goes back
         # to the table (its range has no partition now: the default one).
         moved = yield (
-            f"INSERT INTO quota_counters SELECT * FROM {table}"
-            " WHERE window_start + window_seconds >= ?"
-            " ON CONFLICT (bucket_key, window_start) DO UPDATE"
-            " SET count = quota_counters.count + excluded.count,"
-            " updated_at = GREATEST(quota_counters.updated_at, excluded.updated_at)"
-            " RETURNING 1",
+            _maintenance(
+                f"INSERT INTO quota_counters SELECT * FROM {table}"
+                " WHERE window_start + window_seconds >= ?"
+                " ON CONFLICT (bucket_key, window_start) DO UPDATE"
+                " SET count = quota_counters.count + excluded.count,"
+                " updated_at = GREATEST(quota_counters.updated_at, excluded.updated_at)"
+                " RETURNING 1"
+            ),
             (cutoff,),
         )
-        rows = yield f"SELECT count(*) FROM {table}", ()
+        rows = yield _maintenance(f"SELECT count(*) FROM {table}"), ()
         yield from _ddl(f"DROP TABLE {table}")
         dropped += int(rows[0][0]) - len(moved)
     return dropped

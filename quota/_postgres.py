@@ -32,7 +32,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
@@ -41,8 +41,8 @@ from quota import _partitions, _sql
 from quota._errors import ConfigurationError, QuotaError, StorageError
 from quota._pool import DEFAULT_IDLE_TIMEOUT, SyncPool
 from quota._schema import accepted_version, check_version, missing_objects_error
-from quota._sql import Named
-from quota._store import Rows, Statement, adrive, drive
+from quota._sql import Statement
+from quota._store import Op, Rows, adrive, drive
 from quota._url import redact
 
 if TYPE_CHECKING:
@@ -409,10 +409,15 @@ def _reusable(exc: BaseException) -> bool:
     return state[:2] not in ("08", "58", "XX") and not state.startswith("57P")
 
 
-class AsyncPostgresStore:
-    """Async PostgreSQL store on a bounded pool of `asyncpg` connections."""
+class _PostgresServer:
+    """What both PostgreSQL faces share: the server, the settings, the statements in the
+    driver's form. Each face sets up the rest in `_configure`."""
 
     dialect = "postgresql"
+    #: No fallback answers for this store itself (`quota._resilience` wraps it for one).
+    up = True
+    #: The driver's placeholder style (`quota._sql.render`).
+    _style: str
 
     def __init__(
         self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
@@ -423,23 +428,37 @@ class AsyncPostgresStore:
         check_pooler_options(url, prepared_statements, relaxed, schema)
         self.url = url
         self.db_clock = db_clock
-        self._schema = schema
-        self._bind = _sql.Binder("numeric_dollar", "postgresql", db_clock)
+        self._bind = _sql.Binder(self._style, "postgresql", db_clock)
+        self._dsn = dsn
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._idle_timeout = idle_timeout
+        self._prepared_statements = prepared_statements
+        #: A fallback's time budget (None without one).
+        self._statement_timeout = statement_timeout
         # durability="relaxed": the session commits without waiting for the WAL flush.
         self._relaxed = relaxed
+        self._schema = schema
+        #: Whether quota_counters is partitioned, learned on the first connection.
         self._partitioned = False
-        self._dsn = dsn
-        self._prepared_statements = prepared_statements
+        self._configure()
+
+    def _configure(self) -> None:
+        raise NotImplementedError
+
+
+class AsyncPostgresStore(_PostgresServer):
+    """Async PostgreSQL store on a bounded pool of `asyncpg` connections."""
+
+    _style = "numeric_dollar"
+
+    def _configure(self) -> None:
         # A fallback's time budget. Direct: enforced by the server
         # (statement_timeout and lock_timeout set on each connection), since
         # asyncpg's client-side timeout= costs about 10 µs a query, as much as
         # the rest of the limiter. Behind a transaction pooler no session
         # setting can be made, so the client holds the budget (`_budget`).
-        self._statement_timeout = statement_timeout
-        self._budget = None if prepared_statements else statement_timeout
-        self._pool_size = pool_size
-        self._connect_timeout = connect_timeout
-        self._idle_timeout = idle_timeout
+        self._budget = None if self._prepared_statements else self._statement_timeout
         self._pool: _Pool | None = None
         self._starting: asyncio.Lock | None = None
 
@@ -471,8 +490,8 @@ class AsyncPostgresStore:
         for _ in range(self._pool_size):
             conn = await pool.acquire()
             try:
-                rows: Rows | None = await conn.fetch(_sql.SCHEMA_VERSION)
-                self._partitioned = bool(await conn.fetchval(_partitions.IS_PARTITIONED))
+                rows: Rows | None = await conn.fetch(_sql.SCHEMA_VERSION.sql)
+                self._partitioned = bool(await conn.fetchval(_partitions.IS_PARTITIONED.sql))
             except asyncpg.UndefinedTableError:
                 rows = None
             except BaseException as exc:
@@ -491,11 +510,8 @@ class AsyncPostgresStore:
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
 
-    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        if sql.__class__ is str:
-            sql = _sql.render(sql, "numeric_dollar")
-        else:
-            sql, params = self._bind(sql, params)  # type: ignore[arg-type]
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        sql, params = self._bind(statement, params)
         pool = self._pool
         conn = pool.try_acquire() if pool is not None else None  # the hot path: no awaits
         if conn is None:  # the first call also finds out whether the table is partitioned
@@ -506,7 +522,7 @@ class AsyncPostgresStore:
         for _ in range(self._pool_size):
             try:
                 if self._prepared_statements:
-                    rows = await self._fetch_prepared(pool, conn, sql, params)  # type: ignore[arg-type]
+                    rows = await self._fetch_prepared(pool, conn, sql, params)
                 else:
                     rows = await conn.fetch(sql, *params, timeout=self._budget)
             except BaseException as exc:
@@ -527,6 +543,8 @@ class AsyncPostgresStore:
         pool.discard(conn)
         raise StorageError(f"PostgreSQL on {redact(self.url)} closed every connection offered")
 
+    execute_strict = execute
+
     @staticmethod
     async def _fetch_prepared(
         pool: _Pool, conn: asyncpg.Connection, sql: str, params: Sequence[Any]
@@ -546,9 +564,13 @@ class AsyncPostgresStore:
             prepared.pop(sql, None)
             return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
 
-    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
         pool, conn = await self._acquire()
         holder: list[asyncpg.Connection] = []  # the transaction holding `_sql.PG_TRY_LOCK`
+        locks: dict[str, Callable[[Sequence[Any]], Awaitable[Rows]]] = {
+            _sql.PG_TRY_LOCK.name: lambda params: self._take_lock(pool, holder, params),
+            _sql.PG_UNLOCK.name: lambda params: self._release_lock(holder),
+        }
         fresh = True  # nothing sent on `conn` yet: a connection dead on arrival may be swapped
 
         async def first_use(call: Callable[[], Awaitable[T2]]) -> T2:
@@ -567,13 +589,14 @@ class AsyncPostgresStore:
                 return result
             raise StorageError(f"PostgreSQL on {redact(self.url)} closed every connection offered")
 
-        async def execute(sql: str, params: Sequence[Any]) -> Rows:
-            if sql is _sql.PG_TRY_LOCK or sql is _sql.PG_UNLOCK:
+        async def execute(statement: Statement, params: Sequence[Any]) -> Rows:
+            lock = locks.get(statement.name) if isinstance(statement, Statement) else None
+            if lock is not None:
                 try:
-                    return await self._hold_lock(pool, holder, sql, params)
+                    return await lock(params)
                 except Exception as exc:
                     raise wrap_error(exc, self.url) from exc
-            text = _sql.render(sql, "numeric_dollar")
+            text, params = self._bind(statement, params)
             if self._partitioned:
                 text = _partitions.partitioned_sql(text)
             try:
@@ -616,25 +639,28 @@ class AsyncPostgresStore:
         await self._give_back(pool, conn)
         return result
 
-    @staticmethod
-    async def _hold_lock(
-        pool: _Pool, holder: list[asyncpg.Connection], sql: str, params: Sequence[Any]
+    async def _take_lock(
+        self, pool: _Pool, holder: list[asyncpg.Connection], params: Sequence[Any]
     ) -> Rows:
         """`_sql.PG_TRY_LOCK` in a transaction of its own on a connection of its own
-        (one more than the pool's, for the operation's length); `_sql.PG_UNLOCK` commits it."""
-        if sql is _sql.PG_UNLOCK:
-            lock = holder.pop()
-            await lock.execute("COMMIT")
-            await lock.close()
-            return [(True,)]
+        (one more than the pool's, for the operation's length); `_release_lock` commits it."""
         lock = await pool.connect()
         holder.append(lock)
         await lock.execute("BEGIN")
-        taken = bool(await lock.fetchval(_sql.render(sql, "numeric_dollar"), *params))
+        text, params = self._bind(_sql.PG_TRY_LOCK, params)
+        taken = bool(await lock.fetchval(text, *params))
         if not taken:
             holder.remove(lock)
             lock.terminate()
         return [(taken,)]
+
+    @staticmethod
+    async def _release_lock(holder: list[asyncpg.Connection]) -> Rows:
+        """`_sql.PG_UNLOCK`: commit the transaction of `_take_lock`, releasing its lock."""
+        lock = holder.pop()
+        await lock.execute("COMMIT")
+        await lock.close()
+        return [(True,)]
 
     @staticmethod
     async def _give_back(pool: _Pool, conn: asyncpg.Connection) -> None:
@@ -732,6 +758,10 @@ class _Watchdog:
         self._closed = True
         self._busy.set()
 
+    def renewed(self) -> _Watchdog:
+        """A watchdog like this one, not started (this one closed, say)."""
+        return _Watchdog(self._budget, cancel=self._cancel)
+
 
 def _cancel(conn: psycopg.Connection[Any], budget: float) -> None:
     with contextlib.suppress(Exception):
@@ -751,49 +781,32 @@ def _cut(conn: psycopg.Connection[Any]) -> None:
             dup.close()  # the duplicate only; psycopg closes its own
 
 
-class PostgresStore:
+class PostgresStore(_PostgresServer):
     """Sync PostgreSQL store: threads borrow `psycopg` connections from a bounded pool."""
 
-    dialect = "postgresql"
+    _style = "format"
 
-    def __init__(
-        self, dsn: str, url: str, *, pool_size: int = 10, connect_timeout: float = 10.0,
-        db_clock: bool = False, statement_timeout: float | None = None, relaxed: bool = False,
-        prepared_statements: bool = True, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        schema: str | None = None,
-    ) -> None:  # fmt: skip
+    def _configure(self) -> None:
         try:
             import psycopg
         except ImportError as exc:
             raise ConfigurationError(
-                f"url {redact(url)!r} needs psycopg 3 for the sync face:"
+                f"url {redact(self.url)!r} needs psycopg 3 for the sync face:"
                 " pip install 'quota[postgres]'"
                 " (or use quota.connect_async() with asyncpg)"
             ) from exc
-        check_pooler_options(url, prepared_statements, relaxed, schema)
         self._psycopg = psycopg
-        self.url = url
-        self.db_clock = db_clock
-        self._bind = _sql.Binder("format", "postgresql", db_clock)
-        self._dsn = dsn
-        self._connect_timeout = connect_timeout
-        self._prepared_statements = prepared_statements
+        budget = self._statement_timeout
         # Direct: the fallback's budget (and relaxed durability) is set on each
         # connection as it opens; behind a transaction pooler, a watchdog holds it.
         self._setup = (
-            session_settings(relaxed, statement_timeout, schema) if prepared_statements else None
-        )
-        self._watchdog = (
-            _Watchdog(statement_timeout, cancel=not prepared_statements)
-            if statement_timeout
+            session_settings(self._relaxed, budget, self._schema)
+            if self._prepared_statements
             else None
         )
-        self._relaxed = relaxed
-        self._budgeted = statement_timeout is not None
-        self._pool_size = pool_size
-        self._wait_timeout = statement_timeout or connect_timeout
-        self._idle_timeout = idle_timeout
-        self._partitioned = False
+        self._watchdog = _Watchdog(budget, cancel=not self._prepared_statements) if budget else None
+        self._budgeted = budget is not None
+        self._wait_timeout = budget or self._connect_timeout
         self._schema_checked = False
         self._pool = self._new_pool()
 
@@ -820,9 +833,9 @@ class PostgresStore:
                 conn.execute(self._setup)
             if not self._schema_checked:
                 try:
-                    rows: Rows | None = conn.execute(_sql.SCHEMA_VERSION).fetchall()
+                    rows: Rows | None = conn.execute(_sql.SCHEMA_VERSION.sql).fetchall()
                     self._partitioned = (
-                        conn.execute(_partitions.IS_PARTITIONED).fetchone() is not None
+                        conn.execute(_partitions.IS_PARTITIONED.sql).fetchone() is not None
                     )
                 except Exception as exc:
                     if not _is_undefined_table(exc):
@@ -856,11 +869,8 @@ class PostgresStore:
                 return
         pool.release(conn)
 
-    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        if sql.__class__ is str:
-            sql = _sql.render(sql, "format")
-        else:
-            sql, params = self._bind(sql, params)  # type: ignore[arg-type]
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        sql, params = self._bind(statement, params)
         pool = self._pool
         try:
             conn = pool.acquire()
@@ -886,21 +896,28 @@ class PostgresStore:
         pool.release(conn)
         return rows
 
-    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    execute_strict = execute
+
+    def run(self, op: Op[T], *, transaction: bool) -> T:
         pool = self._pool
         try:
             conn = pool.acquire()
         except Exception as exc:
             raise wrap_error(exc, self.url) from exc
         holder: list[psycopg.Connection[Any]] = []  # the transaction holding `_sql.PG_TRY_LOCK`
+        locks: dict[str, Callable[[Sequence[Any]], Rows]] = {
+            _sql.PG_TRY_LOCK.name: lambda params: self._take_lock(holder, params),
+            _sql.PG_UNLOCK.name: lambda params: self._release_lock(holder),
+        }
 
-        def execute(sql: str, params: Sequence[Any]) -> Rows:
-            if sql is _sql.PG_TRY_LOCK or sql is _sql.PG_UNLOCK:
+        def execute(statement: Statement, params: Sequence[Any]) -> Rows:
+            lock = locks.get(statement.name) if isinstance(statement, Statement) else None
+            if lock is not None:
                 try:
-                    return self._hold_lock(holder, sql, params)
+                    return lock(params)
                 except Exception as exc:
                     raise wrap_error(exc, self.url) from exc
-            text = _sql.render(sql, "format")
+            text, params = self._bind(statement, params)
             if self._partitioned:
                 text = _partitions.partitioned_sql(text)
             try:
@@ -931,25 +948,27 @@ class PostgresStore:
         self._give_back(pool, conn)
         return result
 
-    def _hold_lock(
-        self, holder: list[psycopg.Connection[Any]], sql: str, params: Sequence[Any]
-    ) -> Rows:
+    def _take_lock(self, holder: list[psycopg.Connection[Any]], params: Sequence[Any]) -> Rows:
         """`_sql.PG_TRY_LOCK` in a transaction of its own on a connection of its own
-        (one more than the pool's, for the operation's length); `_sql.PG_UNLOCK` commits it."""
-        if sql is _sql.PG_UNLOCK:
-            lock = holder.pop()
-            lock.execute("COMMIT")
-            lock.close()
-            return [(True,)]
+        (one more than the pool's, for the operation's length); `_release_lock` commits it."""
         lock = self._open()
         holder.append(lock)
         lock.execute("BEGIN")
-        row = lock.execute(_sql.render(sql, "format"), params).fetchone()
+        text, params = self._bind(_sql.PG_TRY_LOCK, params)
+        row = lock.execute(text, params).fetchone()
         taken = bool(row and row[0])
         if not taken:
             holder.remove(lock)
             lock.close()
         return [(taken,)]
+
+    @staticmethod
+    def _release_lock(holder: list[psycopg.Connection[Any]]) -> Rows:
+        """`_sql.PG_UNLOCK`: commit the transaction of `_take_lock`, releasing its lock."""
+        lock = holder.pop()
+        lock.execute("COMMIT")
+        lock.close()
+        return [(True,)]
 
     @property
     def pool(self) -> SyncPool[psycopg.Connection[Any]]:
@@ -962,7 +981,7 @@ class PostgresStore:
         pool.close()
         if self._watchdog is not None:
             self._watchdog.close()
-            self._watchdog = _Watchdog(self._watchdog._budget, cancel=self._watchdog._cancel)
+            self._watchdog = self._watchdog.renewed()
 
 
 def _close_quietly(conn: Any) -> None:

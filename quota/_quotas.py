@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -52,10 +52,10 @@ from quota._core import retry_after as _retry_after
 from quota._core import stored_key as _stored_key
 from quota._errors import ConfigurationError, QuotaError, StorageError
 from quota._ops import CleanupResult
-from quota._store import AsyncStore, Rows, Statement, SyncStore
+from quota._sql import Statement
+from quota._store import AsyncStore, Op, SyncStore
 
 T = TypeVar("T")
-Op = Generator[Statement, Rows, T]
 
 CONSUME = "consume"
 DENY = "deny"
@@ -553,8 +553,8 @@ def usage(subject: object, now: float, *, include_ended: object) -> Op[list[Quot
     return _usage(q.USAGE_CURRENT, (check_text("subject", subject), math.floor(now)))
 
 
-def _usage(sql: str, params: tuple[Any, ...]) -> Op[list[QuotaUsage]]:
-    rows = yield sql, params
+def _usage(statement: Statement, params: tuple[Any, ...]) -> Op[list[QuotaUsage]]:
+    rows = yield statement, params
     result = []
     for subject, name, period, tz, start, end, limit, used, granted in rows:
         lim = _opt_int(limit)
@@ -605,8 +605,8 @@ def ledger(subject: object, since: object) -> Op[list[LedgerEntry]]:
     return _ledger(q.LEDGER_LIST_SINCE, (checked, start))
 
 
-def _ledger(sql: str, params: tuple[Any, ...]) -> Op[list[LedgerEntry]]:
-    rows = yield sql, params
+def _ledger(statement: Statement, params: tuple[Any, ...]) -> Op[list[LedgerEntry]]:
+    rows = yield statement, params
     return [
         LedgerEntry(
             id=int(id_),
@@ -660,7 +660,7 @@ def record_rate_denial(decision: Decision, cost: int, now: float) -> Op[None]:
     yield rate_denial(decision, cost, now)
 
 
-def rate_denial(decision: Decision, cost: int, now: float) -> tuple[str, tuple[Any, ...]]:
+def rate_denial(decision: Decision, cost: int, now: float) -> tuple[Statement, tuple[Any, ...]]:
     """The statement that records a rate-window denial in the ledger."""
     return q.LEDGER_APPEND, (
         now, display_key(_stored_key(decision.key)), f"rate:{decision.window}s", RATE_DENIED,

@@ -24,14 +24,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from quota import _sql
 from quota._errors import ConfigurationError, QuotaError, StorageError
-from quota._sql import Named
-from quota._store import AsyncStore, Rows, Statement, SyncStore
+from quota._sql import Statement
+from quota._store import AsyncStore, Op, Rows, Step, SyncStore
 from quota._url import redact
 
 T = TypeVar("T")
@@ -73,6 +73,11 @@ def _is_outage(exc: QuotaError) -> bool:
 
 class StoreDown(StorageError):
     """The store is down and this call may not fall back (a fail-closed limit)."""
+
+
+#: The statements whose hits memory keeps for the database while it is down, by name,
+#: and whether a hit counted only if it returned a row (a capped hit denied did not).
+_OWED_HITS = {_sql.HIT.name: False, _sql.HIT_CAPPED.name: True}
 
 
 class _Health:
@@ -136,22 +141,24 @@ class _Health:
             self.url, down_for, reconciled,
         )  # fmt: skip
 
-    def owe(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any], rows: Rows) -> None:
+    def owe(self, statement: Statement, params: Sequence[Any], rows: Rows) -> None:
         """Remember a fixed-window hit memory counted, to add it to the database later."""
-        if sql is _sql.HIT or (sql is _sql.HIT_CAPPED and rows):
-            bucket_key, client_key, start, window, cost, _now = params[:6]  # type: ignore[index]
-            with self._lock:
-                entry = self._owed.get(bucket_key)
-                if entry is None:
-                    self._owed[bucket_key] = [client_key, start, window, cost, start + window]
-                else:
-                    entry[3] += cost
+        needs_row = _OWED_HITS.get(statement.name)
+        if needs_row is None or (needs_row and not rows):
+            return
+        bucket_key, client_key, start, window, cost, _now = params[:6]
+        with self._lock:
+            entry = self._owed.get(bucket_key)
+            if entry is None:
+                self._owed[bucket_key] = [client_key, start, window, cost, start + window]
+            else:
+                entry[3] += cost
 
     def owes(self) -> bool:
         """True while hits counted in memory wait to be written back."""
         return bool(self._owed)
 
-    def owe_again(self, statements: Sequence[Statement]) -> None:
+    def owe_again(self, statements: Sequence[Step]) -> None:
         """Owe again the hits of `statements` (from `take_owed`) whose write-back failed."""
         with self._lock:
             for _, (bucket_key, client_key, start, window, cost, _now) in statements:
@@ -161,7 +168,7 @@ class _Health:
                 else:
                     entry[3] += cost
 
-    def take_owed(self, now: float) -> list[Statement]:
+    def take_owed(self, now: float) -> list[Step]:
         """The statements that write owed hits of still-running windows back; clears the debt."""
         with self._lock:
             owed, self._owed = self._owed, {}
@@ -187,32 +194,32 @@ class ResilientStore:
     def up(self) -> bool:
         return self.health.up
 
-    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         if self.health.up:
             try:
-                return self.primary.execute(sql, params)
+                return self.primary.execute(statement, params)
             except QuotaError as exc:
                 if not _is_outage(exc):
                     self.health.statement_failed(exc)
-                    return self.memory.execute(sql, params)
+                    return self.memory.execute(statement, params)
                 self._down(exc)
-        rows = self.memory.execute(sql, params)
-        self.health.owe(sql, params, rows)
+        rows = self.memory.execute(statement, params)
+        self.health.owe(statement, params, rows)
         return rows
 
-    def execute_strict(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+    def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
         """`execute` without the fallback: raise `StoreDown` while the store is down."""
         if not self.health.up:
             raise StoreDown(f"store {self.health.url} is down")
         try:
-            return self.primary.execute(sql, params)
+            return self.primary.execute(statement, params)
         except QuotaError as exc:
             if not _is_outage(exc):
                 raise
             self._down(exc)
             raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
 
-    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    def run(self, op: Op[T], *, transaction: bool) -> T:
         # Multi-statement operations (cleanup, reset, durable quotas) are not
         # request-path decisions: they go to the database and may raise.
         return self.primary.run(op, transaction=transaction)
@@ -250,9 +257,9 @@ class ResilientStore:
         """Write owed hits back: how many windows, or None if one failed (it and the rest
         stay owed)."""
         owed = self.health.take_owed(time.time())
-        for done, (sql, params) in enumerate(owed):
+        for done, (statement, params) in enumerate(owed):
             try:
-                self.primary.execute(sql, params)
+                self.primary.execute(statement, params)
             except Exception as exc:
                 self.health.owe_again(owed[done:])
                 self.health.last_error = exc
@@ -342,21 +349,21 @@ class AsyncResilientStore:
     def up(self) -> bool:
         return self.health.up
 
-    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         if self.health.up:
             warming = self._warm is None or not self._warm.done()
             if warming and not await self._warmed():
-                return await self._memory(sql, params)
+                return await self._memory(statement, params)
             # The store's own timeouts (the server's statement and lock timeouts,
             # the SQLite busy timeout) hold each call to the budget; `_deadlines`
             # gives up on one that does not answer at all.
             task = self._deadlines.enter()
             try:
-                return await self.primary.execute(sql, params)
+                return await self.primary.execute(statement, params)
             except QuotaError as exc:
                 if not _is_outage(exc):
                     self.health.statement_failed(exc)
-                    return await self.memory.execute(sql, params)
+                    return await self.memory.execute(statement, params)
                 self._down(exc)
             except asyncio.CancelledError:
                 if not self._deadlines.taken_back(task):
@@ -365,16 +372,16 @@ class AsyncResilientStore:
             finally:
                 if task is not None:
                     self._deadlines.leave(task)
-        return await self._memory(sql, params)
+        return await self._memory(statement, params)
 
     def _hung(self) -> StorageError:
         return StorageError(
             f"store {self.health.url} did not answer within {self._deadlines.seconds:g}s"
         )
 
-    async def _memory(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        rows = await self.memory.execute(sql, params)
-        self.health.owe(sql, params, rows)
+    async def _memory(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        rows = await self.memory.execute(statement, params)
+        self.health.owe(statement, params, rows)
         return rows
 
     async def _warmed(self) -> bool:
@@ -397,9 +404,7 @@ class AsyncResilientStore:
             return False
         return True
 
-    async def execute_strict(
-        self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]
-    ) -> Rows:
+    async def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
         """`execute` without the fallback: raise `StoreDown` while the store is down, or
         when it cannot answer within the budget (a fresh store still connecting, one that
         stopped answering)."""
@@ -410,7 +415,7 @@ class AsyncResilientStore:
             raise StoreDown(f"store {self.health.url} is not connected yet")
         task = self._deadlines.enter()
         try:
-            return await self.primary.execute(sql, params)
+            return await self.primary.execute(statement, params)
         except QuotaError as exc:
             if not _is_outage(exc):
                 raise
@@ -426,7 +431,7 @@ class AsyncResilientStore:
             if task is not None:
                 self._deadlines.leave(task)
 
-    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
         return await self.primary.run(op, transaction=transaction)
 
     def _down(self, exc: BaseException) -> None:
@@ -455,9 +460,9 @@ class AsyncResilientStore:
     async def _write_owed(self) -> int | None:
         """`ResilientStore._write_owed`."""
         owed = self.health.take_owed(time.time())
-        for done, (sql, params) in enumerate(owed):
+        for done, (statement, params) in enumerate(owed):
             try:
-                await self.primary.execute(sql, params)
+                await self.primary.execute(statement, params)
             except Exception as exc:
                 self.health.owe_again(owed[done:])
                 self.health.last_error = exc

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -23,10 +23,14 @@ from quota import _sql
 from quota._errors import ConfigurationError, StorageError
 from quota._pool import DEFAULT_IDLE_TIMEOUT, SyncPool
 from quota._schema import check_version, missing_objects_error
-from quota._sql import Named
-from quota._store import Rows, Statement, adrive, drive
+from quota._sql import Statement
+from quota._store import Op, Rows, adrive, drive
 
 T = TypeVar("T")
+
+#: The statements the SQLite stores run themselves instead of sending them: sleep
+#: ``params[0]`` seconds (`quota._sql.PAUSE`).
+_PAUSES = frozenset({_sql.PAUSE.name})
 
 #: Busy timeout of a durable quota transaction under a fallback's budget.
 UNBUDGETED_BUSY_MS = 30_000
@@ -115,9 +119,9 @@ def _version_after_error(url: str) -> Rows | None:
         return None
 
 
-def _version_rows(execute: Any) -> Rows | None:
+def _version_rows(execute: Callable[[str], Rows]) -> Rows | None:
     try:
-        rows: Rows = execute(_sql.SCHEMA_VERSION)
+        rows: Rows = execute(_sql.SCHEMA_VERSION.sql)
     except sqlite3.OperationalError as exc:
         if "no such table" in str(exc):
             return None
@@ -125,7 +129,23 @@ def _version_rows(execute: Any) -> Rows | None:
     return rows
 
 
-class SQLiteStore:
+class _SQLiteFile:
+    """What both SQLite faces share: the file, its URL, the statements in sqlite3's form."""
+
+    dialect = "sqlite"
+    #: No fallback answers for this store itself (`quota._resilience` wraps it for one).
+    up = True
+
+    def __init__(self, path: str, url: str, *, busy_timeout: float, db_clock: bool) -> None:
+        _check_sqlite_version()
+        self.url = url
+        self.db_clock = db_clock
+        self._bind = _sql.Binder("qmark", "sqlite", db_clock)
+        self._path = path
+        self._busy_timeout = busy_timeout
+
+
+class SQLiteStore(_SQLiteFile):
     """Sync SQLite store: threads borrow `sqlite3` connections from a bounded pool.
 
     A connection (with its reused cursor) is lent for one call; at most
@@ -134,18 +154,11 @@ class SQLiteStore:
     thread that ever called.
     """
 
-    dialect = "sqlite"
-
     def __init__(
         self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False,
         serialize: bool = False, pool_size: int = 10, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:  # fmt: skip
-        _check_sqlite_version()
-        self.url = url
-        self.db_clock = db_clock
-        self._bind = _sql.Binder("qmark", "sqlite", db_clock)
-        self._path = path
-        self._busy_timeout = busy_timeout
+        super().__init__(path, url, busy_timeout=busy_timeout, db_clock=db_clock)
         self._pool_size = pool_size
         self._idle_timeout = idle_timeout
         self._serialize: threading.Lock | None = None
@@ -207,16 +220,17 @@ class SQLiteStore:
                 return
         pool.release(cursor)
 
-    def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
-        if sql.__class__ is not str:
-            sql, params = self._bind(sql, params)  # type: ignore[arg-type]
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        sql, params = self._bind(statement, params)
         serialize = self._serialize
         if serialize is not None:
             with serialize:
                 return self._execute(sql, params)
         return self._execute(sql, params)
 
-    def _execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+    execute_strict = execute
+
+    def _execute(self, sql: str, params: Sequence[Any]) -> Rows:
         pool, cursor = self._borrow()
         try:
             rows = cursor.execute(sql, params).fetchall()
@@ -228,14 +242,15 @@ class SQLiteStore:
         pool.release(cursor)
         return rows
 
-    def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    def run(self, op: Op[T], *, transaction: bool) -> T:
         pool, cursor = self._borrow()
         conn = cursor.connection
 
-        def execute(sql: str, params: Sequence[Any]) -> Rows:
-            if sql is _sql.PAUSE:
+        def execute(statement: Statement, params: Sequence[Any]) -> Rows:
+            if isinstance(statement, Statement) and statement.name in _PAUSES:
                 time.sleep(params[0])
                 return []
+            sql, params = self._bind(statement, params)
             try:
                 return conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
@@ -262,22 +277,29 @@ class SQLiteStore:
         self._give_back(pool, cursor, None)
         return result
 
-    @staticmethod
     def _transaction(
+        self,
         conn: sqlite3.Connection,
-        op: Generator[Statement, Rows, T],
-        execute: Callable[[str, Sequence[Any]], Rows],
+        op: Op[T],
+        execute: Callable[[Statement, Sequence[Any]], Rows],
     ) -> T:
         # IMMEDIATE takes the write lock up front, so two writers never both
         # read and then deadlock upgrading to write.
-        execute("BEGIN IMMEDIATE", ())
+        self._control(conn, "BEGIN IMMEDIATE")
         try:
             result = drive(op, execute)
         except BaseException:
             conn.rollback()
             raise
-        execute("COMMIT", ())
+        self._control(conn, "COMMIT")
         return result
+
+    def _control(self, conn: sqlite3.Connection, sql: str) -> None:
+        """``BEGIN IMMEDIATE`` or ``COMMIT``, its failure a `StorageError`."""
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
 
     @property
     def pool(self) -> SyncPool[sqlite3.Cursor]:
@@ -315,7 +337,7 @@ def _busy(exc: sqlite3.Error) -> bool:
 _SQLITE_BUSY = 5
 
 
-class AsyncSQLiteStore:
+class AsyncSQLiteStore(_SQLiteFile):
     """Async SQLite store: statements run on the event loop when the file is free.
 
     A single statement on a free SQLite file takes ~15 µs; handing it to a
@@ -332,17 +354,10 @@ class AsyncSQLiteStore:
     worker meanwhile.
     """
 
-    dialect = "sqlite"
-
     def __init__(
         self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False
     ) -> None:
-        _check_sqlite_version()
-        self.url = url
-        self.db_clock = db_clock
-        self._bind = _sql.Binder("qmark", "sqlite", db_clock)
-        self._path = path
-        self._busy_timeout = busy_timeout
+        super().__init__(path, url, busy_timeout=busy_timeout, db_clock=db_clock)
         self._conn: aiosqlite.Connection | None = None
         self._lock: asyncio.Lock | None = None
         self._inline: sqlite3.Cursor | None = None
@@ -369,7 +384,7 @@ class AsyncSQLiteStore:
         try:
             await aset_up(conn, self._busy_timeout)
             try:
-                rows: Rows | None = list(await conn.execute_fetchall(_sql.SCHEMA_VERSION))
+                rows: Rows | None = list(await conn.execute_fetchall(_sql.SCHEMA_VERSION.sql))
             except sqlite3.OperationalError as exc:
                 if "no such table" not in str(exc):
                     raise
@@ -402,15 +417,20 @@ class AsyncSQLiteStore:
         self._inline = inline.cursor()
         self._inline_thread = threading.get_ident()
 
-    def try_inline(self, sql: str, params: Sequence[Any]) -> Rows | None:
-        """Run `sql` now, on the loop's thread; None if it must go to the worker.
+    def try_inline(self, statement: Statement, params: Sequence[Any]) -> Rows | None:
+        """Run `statement` now, on the loop's thread; None if it must go to the worker.
 
-        Its presence tells `quota._batch.AsyncBatchingStore` that statements of
-        this store finish without yielding, so it gathers calls by loop turn.
+        It makes this store a `quota._store.InlineStore`: it tells
+        `quota._batch.AsyncBatchingStore` that statements of this store finish
+        without yielding, so it gathers calls by loop turn.
 
         None when the store is not open yet, when called off the loop's
         thread, or when another writer holds the file (nothing was changed).
         """
+        sql, params = self._bind(statement, params)
+        return self._try_inline(sql, params)
+
+    def _try_inline(self, sql: str, params: Sequence[Any]) -> Rows | None:
         inline = self._inline
         if inline is None or self._checkpointing or threading.get_ident() != self._inline_thread:
             return None
@@ -425,11 +445,10 @@ class AsyncSQLiteStore:
             self._maybe_checkpoint()
         return rows
 
-    async def execute(self, sql: str | Named, params: Sequence[Any] | Mapping[str, Any]) -> Rows:
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         conn = self._conn or await self._start()
-        if sql.__class__ is not str:
-            sql, params = self._bind(sql, params)  # type: ignore[arg-type]
-        rows = self.try_inline(sql, params)  # type: ignore[arg-type]
+        sql, params = self._bind(statement, params)
+        rows = self._try_inline(sql, params)
         if rows is not None:
             return rows
         # Another writer holds the file: wait for it off the loop.
@@ -439,6 +458,8 @@ class AsyncSQLiteStore:
                 return list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as exc:
                 raise wrap_error(exc, self.url) from exc
+
+    execute_strict = execute
 
     def _maybe_checkpoint(self) -> None:
         try:
@@ -490,14 +511,15 @@ class AsyncSQLiteStore:
                 return await self._open()
             return self._conn
 
-    async def run(self, op: Generator[Statement, Rows, T], *, transaction: bool) -> T:
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
         conn = self._conn or await self._start()
         assert self._lock is not None
 
-        async def execute(sql: str, params: Sequence[Any]) -> Rows:
-            if sql is _sql.PAUSE:
+        async def execute(statement: Statement, params: Sequence[Any]) -> Rows:
+            if isinstance(statement, Statement) and statement.name in _PAUSES:
                 await asyncio.sleep(params[0])
                 return []
+            sql, params = self._bind(statement, params)
             try:
                 return list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as exc:
@@ -523,21 +545,28 @@ class AsyncSQLiteStore:
                         await asyncio.shield(job)
                 raise
 
-    @staticmethod
     async def _transaction(
+        self,
         conn: aiosqlite.Connection,
-        op: Generator[Statement, Rows, T],
-        execute: Callable[[str, Sequence[Any]], Awaitable[Rows]],
+        op: Op[T],
+        execute: Callable[[Statement, Sequence[Any]], Awaitable[Rows]],
     ) -> T:
         try:
-            await execute("BEGIN IMMEDIATE", ())
+            await self._control(conn, "BEGIN IMMEDIATE")
             result = await adrive(op, execute)
-            await execute("COMMIT", ())
+            await self._control(conn, "COMMIT")
         except BaseException:
             if conn.in_transaction:
                 await asyncio.shield(conn.rollback())
             raise
         return result
+
+    async def _control(self, conn: aiosqlite.Connection, sql: str) -> None:
+        """``BEGIN IMMEDIATE`` or ``COMMIT``, its failure a `StorageError`."""
+        try:
+            await conn.execute_fetchall(sql)
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
 
     async def aclose(self) -> None:
         checkpoint, self._checkpoint = self._checkpoint, None

@@ -16,7 +16,6 @@ import sqlite3
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import accumulate
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,9 +32,10 @@ from quota._batch import (
     split_counts,
 )
 from quota._core import stored_key as quota_stored_key
-from quota._store import Rows, Statement
+from quota._store import Rows, Step
 from tests import _batch_workers, _workers
 from tests._support import Backend, Clock
+from tests.conftest import backend_params, dialect_of, store_url
 
 KEY = "tenant:7"
 
@@ -152,7 +152,7 @@ class ScriptedStore:
             rows.append((key, self.counts[key]))
         return rows
 
-    async def run(self, op: Generator[Statement, Rows, Any], *, transaction: bool) -> Any:
+    async def run(self, op: Generator[Step, Rows, Any], *, transaction: bool) -> Any:
         raise NotImplementedError
 
     async def aclose(self) -> None:
@@ -400,28 +400,22 @@ class _Spy:
         return rows
 
 
-def _face(name: str) -> Any:
-    marks = [pytest.mark.postgres] if name.startswith("postgresql") else []
-    return pytest.param(name, id=name, marks=marks)
-
-
 def _make_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     name: str = request.param
-    url = request.getfixturevalue("pg_clean_url" if name.startswith("postgresql") else "sqlite_url")
-    backend = Backend(name, url, clock)
+    backend = Backend(name, store_url(request, dialect_of(name)), clock)
     try:
         yield backend
     finally:
         backend.close()
 
 
-@pytest.fixture(params=[_face("sqlite-async"), _face("postgresql-async")])
+@pytest.fixture(params=backend_params("sqlite-async", "postgresql-async"))
 def async_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     """The async faces (concurrent tasks)."""
     yield from _make_backend(request, clock)
 
 
-@pytest.fixture(params=[_face("sqlite-sync"), _face("postgresql-sync")])
+@pytest.fixture(params=backend_params("sqlite-sync", "postgresql-sync"))
 def sync_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     """The sync faces (concurrent threads)."""
     yield from _make_backend(request, clock)
@@ -544,18 +538,6 @@ def test_a_batch_writes_the_same_rows_as_one_by_one_hits(async_backend: Backend)
     assert {client for _, client, *_ in rows} == {quota_stored_key(key) for key in keys}
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def throwaway_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A migrated database of its own (its counters table is about to be dropped)."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'throwaway.db'}"
-    else:
-        make: Callable[[], str] = request.getfixturevalue("pg_make_database")
-        url = make()
-    quota.migrate(url)
-    return url
-
-
 def _select(url: str, sql: str) -> list[tuple[Any, ...]]:
     if url.startswith("sqlite"):
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
@@ -578,17 +560,17 @@ def _drop_counters(url: str) -> None:
 
 
 def test_a_database_error_in_a_batch_reaches_every_caller_as_one_by_one(
-    throwaway_url: str,
+    sql_own_url: str,  # a database of its own: its counters table is about to be dropped
 ) -> None:
     async def main() -> tuple[BaseException, list[Any], _Spy]:
-        one_by_one = quota.connect_async(throwaway_url)
-        batched = quota.connect_async(throwaway_url, batching=True)
+        one_by_one = quota.connect_async(sql_own_url)
+        batched = quota.connect_async(sql_own_url, batching=True)
         spy = _Spy(batched.store.store)  # type: ignore[attr-defined]
         try:
             # Both connected (schema checked) while the table is there.
             await one_by_one.rate_limit("warm", 10, 60)
             await batched.rate_limit("warm", 10, 60)
-            _drop_counters(throwaway_url)
+            _drop_counters(sql_own_url)
             try:
                 await one_by_one.rate_limit(KEY, 10, 60)
             except quota.QuotaError as exc:
@@ -616,22 +598,16 @@ def test_a_database_error_in_a_batch_reaches_every_caller_as_one_by_one(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "dialect", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-)
-def test_processes_batching_on_one_key_allow_exactly_the_limit(
-    dialect: str, request: pytest.FixtureRequest
-) -> None:
-    url = request.getfixturevalue("sqlite_url" if dialect == "sqlite" else "pg_clean_url")
+def test_processes_batching_on_one_key_allow_exactly_the_limit(sql_url: str) -> None:
     limit, callers, hits = 37, 6, 15
     faces = ["async", "sync", "async", "sync"]
     results = _workers.run_processes(
         multiprocessing.get_context("spawn"),
         _batch_workers.batched_hit_worker,
-        [(url, face, KEY, limit, callers, hits) for face in faces],
+        [(sql_url, face, KEY, limit, callers, hits) for face in faces],
     )
     counts = [count for result in results for count in result]
     assert sorted(counts) == list(range(1, len(faces) * callers * hits + 1))
     assert sum(count <= limit for count in counts) == limit
-    with quota.connect(url, clock=lambda: _workers.FIXED_NOW) as limiter:
+    with quota.connect(sql_url, clock=lambda: _workers.FIXED_NOW) as limiter:
         assert limiter.peek(KEY, limit, 3600).count == len(counts)

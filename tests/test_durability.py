@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import quota
-from quota._store import Rows, Statement
+from quota._store import Rows, Step
 
 
-def _show() -> Generator[Statement, Rows, str]:
+def _show() -> Generator[Step, Rows, str]:
     rows = yield "SHOW synchronous_commit", ()
     return str(rows[0][0])
 

@@ -1,6 +1,6 @@
 """`quota` as a storage backend for `limits`, and so for flask-limiter and slowapi.
 
-Importing this module registers storage schemes with `limits`::
+Importing this module registers storage schemes with `limits`:
 
     import quota.contrib.limits  # noqa: F401  (registers the schemes)
 
@@ -77,6 +77,7 @@ from quota._core import stored_key
 from quota._errors import ConfigurationError, StorageError
 from quota._limiter import AsyncLimiter, Limiter, connect, connect_async
 from quota._partitions import IS_PARTITIONED
+from quota._sql import Statement
 from quota._store import Rows
 from quota._url import KNOWN_SCHEMES, parse_url
 
@@ -93,9 +94,9 @@ MAX_EXPIRY = (2**31 - 1) // 2
 
 # -- statements --------------------------------------------------------------------
 #
-# Positional ``?`` statements, rendered per driver by the quota stores. Parameters
-# whose type PostgreSQL cannot infer from a column are cast, so asyncpg and
-# psycopg bind them alike.
+# `quota._sql.Statement`s with ``?`` parameters, rendered per driver by the quota
+# stores; their names start with ``limits_``. Parameters whose type PostgreSQL
+# cannot infer from a column are cast, so asyncpg and psycopg bind them alike.
 
 # A fixed-window row keeps its window's exact end in ``updated_at``.
 
@@ -106,7 +107,8 @@ _RESTART = "(quota_counters.updated_at <= CAST(? AS DOUBLE PRECISION) OR quota_c
 #: Count `amount` hits on a key, starting a new window if `_RESTART`.
 #: Params: key, key, whole-second start, whole seconds, amount, exact end,
 #: now (once per `_RESTART`: four times). Returns the count.
-INCR = (
+INCR = Statement(
+    "limits_incr",
     "INSERT INTO quota_counters"
     " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
     " VALUES (?, ?, ?, ?, ?, ?)"
@@ -119,22 +121,27 @@ INCR = (
     " ELSE quota_counters.window_seconds END,"
     f" updated_at = CASE WHEN {_RESTART} THEN excluded.updated_at"
     " ELSE quota_counters.updated_at END"
-    " RETURNING count"
+    " RETURNING count",
 )
 
 #: A fixed window runs until its exact end. Params: key, now.
 _FIXED_LIVE = "bucket_key = ? AND updated_at > CAST(? AS DOUBLE PRECISION)"
 #: Params: key, now.
-GET = f"SELECT count FROM quota_counters WHERE {_FIXED_LIVE}"
+GET = Statement("limits_get", f"SELECT count FROM quota_counters WHERE {_FIXED_LIVE}")
 #: Params: key, now.
-GET_EXPIRY = f"SELECT updated_at FROM quota_counters WHERE {_FIXED_LIVE}"
+GET_EXPIRY = Statement(
+    "limits_get_expiry", f"SELECT updated_at FROM quota_counters WHERE {_FIXED_LIVE}"
+)
 # Deletes return a row per row deleted, as every quota statement that deletes
 # does, so each driver hands back rows.
 #: Params: key.
-CLEAR = "DELETE FROM quota_counters WHERE bucket_key = ? RETURNING 1"
+CLEAR = Statement("limits_clear", "DELETE FROM quota_counters WHERE bucket_key = ? RETURNING 1")
 #: Every row of this adapter, and only those. Params: PREFIX, _PREFIX_END.
-RESET = "DELETE FROM quota_counters WHERE bucket_key >= ? AND bucket_key < ? RETURNING 1"
-CHECK = "SELECT 1"
+RESET = Statement(
+    "limits_reset",
+    "DELETE FROM quota_counters WHERE bucket_key >= ? AND bucket_key < ? RETURNING 1",
+)
+CHECK = Statement("limits_check", "SELECT 1")
 
 #: A sliding-window row lives until its epoch-aligned end (whole seconds). Params: now.
 _LIVE = "window_start + window_seconds > CAST(? AS DOUBLE PRECISION)"
@@ -153,7 +160,8 @@ _PREVIOUS = (
 #: changes nothing and returns no row.
 #: Params: current key (twice), window_start, 2 * expiry, amount, now,
 #: previous-window params (see _PREVIOUS), bound, previous-window params, bound.
-ACQUIRE_SLIDING = (
+ACQUIRE_SLIDING = Statement(
+    "limits_acquire_sliding",
     "INSERT INTO quota_counters"
     " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
     " SELECT CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS INTEGER),"
@@ -162,12 +170,17 @@ ACQUIRE_SLIDING = (
     " ON CONFLICT (bucket_key) DO UPDATE"
     " SET count = quota_counters.count + excluded.count, updated_at = excluded.updated_at"
     f" WHERE {_PREVIOUS} + quota_counters.count < CAST(? AS DOUBLE PRECISION)"
-    " RETURNING count"
+    " RETURNING count",
 )
 #: Params: previous key, current key, now.
-GET_SLIDING = f"SELECT bucket_key, count FROM quota_counters WHERE bucket_key IN (?, ?) AND {_LIVE}"
+GET_SLIDING = Statement(
+    "limits_get_sliding",
+    f"SELECT bucket_key, count FROM quota_counters WHERE bucket_key IN (?, ?) AND {_LIVE}",
+)
 #: Params: previous key, current key.
-CLEAR_SLIDING = "DELETE FROM quota_counters WHERE bucket_key IN (?, ?) RETURNING 1"
+CLEAR_SLIDING = Statement(
+    "limits_clear_sliding", "DELETE FROM quota_counters WHERE bucket_key IN (?, ?) RETURNING 1"
+)
 
 
 # -- the pure part: what to run, and what the rows mean ---------------------------
@@ -177,9 +190,11 @@ CLEAR_SLIDING = "DELETE FROM quota_counters WHERE bucket_key IN (?, ?) RETURNING
 class _Call(Generic[T]):
     """One storage call: a statement (None: nothing to run) and how to read its rows."""
 
-    sql: str | None
+    statement: Statement | None
     params: tuple[Any, ...]
     decode: Callable[[Rows], T]
+    writes_window: bool = False
+    """It writes a fixed window's row: the table must not be partitioned (`unpartitioned`)."""
 
 
 def row_key(key: str) -> str:
@@ -221,7 +236,7 @@ def incr(key: str, expiry: float, amount: int, now: float) -> _Call[int]:
     k = row_key(key)
     end = now + expiry
     params = (k, k, math.ceil(now), seconds, _check_amount(amount), end, now, now, now, now)
-    return _Call(INCR, params, _first)
+    return _Call(INCR, params, _first, writes_window=True)
 
 
 def get(key: str, now: float) -> _Call[int]:
@@ -251,9 +266,22 @@ def _refuse_partitioned(rows: Rows) -> None:
         )
 
 
-def unpartitioned(dialect: str) -> _Call[None] | None:
-    """The check that the counters table is not partitioned (PostgreSQL only), run before `incr`."""
-    return _Call(IS_PARTITIONED, (), _refuse_partitioned) if dialect == "postgresql" else None
+class _TableCheck:
+    """The check that the counters table is not partitioned, run before the first `incr`
+    until it passes (PostgreSQL only: elsewhere it passes at once)."""
+
+    def __init__(self) -> None:
+        self.passed = False
+
+    def before(self, call: _Call[Any], dialect: str) -> _Call[None] | None:
+        """The check to run before `call`, or None."""
+        if self.passed or not call.writes_window:
+            return None
+        return _Call(IS_PARTITIONED if dialect == "postgresql" else None, (), self._read)
+
+    def _read(self, rows: Rows) -> None:
+        _refuse_partitioned(rows)
+        self.passed = True
 
 
 def sliding_indexes(expiry: int, now: float) -> tuple[int, int]:
@@ -391,21 +419,19 @@ class QuotaStorage(Storage, SlidingWindowCounterSupport, TimestampedSlidingWindo
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
         self.limiter: Limiter = connect(quota_url(uri, SYNC_PREFIX), **_connect_options(options))
         """The quota limiter whose store holds the counters."""
-        self._table_checked = False
+        self._table = _TableCheck()
 
     @property
     def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
         return StorageError
 
     def _run(self, call: _Call[T]) -> T:
-        if call.sql is None:
+        check = self._table.before(call, self.limiter.store.dialect)
+        if check is not None:
+            self._run(check)
+        if call.statement is None:
             return call.decode(())
-        if call.sql is INCR and not self._table_checked:
-            guard = unpartitioned(self.limiter.store.dialect)
-            if guard is not None:
-                self._run(guard)
-            self._table_checked = True
-        return call.decode(self.limiter.store.execute(call.sql, call.params))
+        return call.decode(self.limiter.store.execute(call.statement, call.params))
 
     def incr(self, key: str, expiry: int, amount: int = 1) -> int:
         """Count `amount` hits on `key` and return its count.
@@ -473,21 +499,19 @@ class AsyncQuotaStorage(AsyncStorage, AsyncSlidingWindowCounterSupport, Timestam
             quota_url(uri, ASYNC_PREFIX), **_connect_options(options)
         )
         """The quota limiter whose store holds the counters."""
-        self._table_checked = False
+        self._table = _TableCheck()
 
     @property
     def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
         return StorageError
 
     async def _run(self, call: _Call[T]) -> T:
-        if call.sql is None:
+        check = self._table.before(call, self.limiter.store.dialect)
+        if check is not None:
+            await self._run(check)
+        if call.statement is None:
             return call.decode(())
-        if call.sql is INCR and not self._table_checked:
-            guard = unpartitioned(self.limiter.store.dialect)
-            if guard is not None:
-                await self._run(guard)
-            self._table_checked = True
-        return call.decode(await self.limiter.store.execute(call.sql, call.params))
+        return call.decode(await self.limiter.store.execute(call.statement, call.params))
 
     async def incr(self, key: str, expiry: int, amount: int = 1) -> int:
         """See `QuotaStorage.incr`."""

@@ -26,14 +26,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quota._abuse import AbuseDetector, AlertCallback
 from quota._algorithms import Rate
 from quota._core import Decision
 from quota._errors import ConfigurationError
 from quota._metrics import Metrics as QuotaMetrics
-from quota._store import adrive, drive
 from quota.http._identity import (
     ANON,
     AUTH,
@@ -62,8 +61,12 @@ from quota.http._responses import (
     too_many_requests,
     unavailable,
 )
-from quota.http._runtime import read_op, runtime_policies
+from quota.http._runtime import Snapshot, read_op, runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
+
+if TYPE_CHECKING:
+    from quota._limiter_async import AsyncLimiter
+    from quota._limiter_sync import Limiter
 
 log = logging.getLogger("quota.http")
 
@@ -700,56 +703,50 @@ async def drive_async(
         return verdict
 
 
-def sync_effects(limiter: Any) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
+def sync_effects(limiter: Limiter) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
     """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`.
 
     A single rate goes through ``rate_limit`` (the limiter's hot path for a
     fixed window), several through ``hit``.
     """
-    rate_limit, hit_many, run = limiter.rate_limit, limiter.hit, limiter.store.run
+    rate_limit, hit_many = limiter.rate_limit, limiter.hit
 
     def hit(effect: Hit) -> Decision:
         rates = effect.rates
         if len(rates) == 1 and rates[0].refill_per_second is None:
             rate = rates[0]
-            return rate_limit(  # type: ignore[no-any-return]
+            return rate_limit(
                 effect.key, rate.limit, rate.window, cost=effect.cost,
                 algorithm=rate.algorithm, burst=rate.burst,
             )  # fmt: skip
-        return hit_many(effect.key, rates, cost=effect.cost)  # type: ignore[no-any-return]
+        return hit_many(effect.key, rates, cost=effect.cost)
 
-    strict = getattr(limiter.store, "execute_strict", None)
-
-    def load() -> Any:
-        if strict is not None:  # under a fallback: held to its budget, refused while down
-            return drive(read_op(), strict)
-        return run(read_op(), transaction=False)
+    def load() -> Snapshot:
+        # Under a fallback: held to its budget, refused while the store is down.
+        return limiter.run(read_op(), strict=True)
 
     return hit, load
 
 
 def async_effects(
-    limiter: Any,
+    limiter: AsyncLimiter,
 ) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
     """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`; see `sync_effects`."""
-    rate_limit, hit_many, run = limiter.rate_limit, limiter.hit, limiter.store.run
+    rate_limit, hit_many = limiter.rate_limit, limiter.hit
 
     def hit(effect: Hit) -> Awaitable[Decision]:
         rates = effect.rates
         if len(rates) == 1 and rates[0].refill_per_second is None:
             rate = rates[0]
-            return rate_limit(  # type: ignore[no-any-return]
+            return rate_limit(
                 effect.key, rate.limit, rate.window, cost=effect.cost,
                 algorithm=rate.algorithm, burst=rate.burst,
             )  # fmt: skip
-        return hit_many(effect.key, rates, cost=effect.cost)  # type: ignore[no-any-return]
+        return hit_many(effect.key, rates, cost=effect.cost)
 
-    strict = getattr(limiter.store, "execute_strict", None)
-
-    def load() -> Awaitable[Any]:
-        if strict is not None:  # under a fallback: held to its budget, refused while down
-            return adrive(read_op(), strict)
-        return run(read_op(), transaction=False)  # type: ignore[no-any-return]
+    def load() -> Awaitable[Snapshot]:
+        # Under a fallback: held to its budget, refused while the store is down.
+        return limiter.run(read_op(), strict=True)
 
     return hit, load
 

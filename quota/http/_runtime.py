@@ -88,8 +88,7 @@ import logging
 import math
 import re
 import threading
-import time
-from collections.abc import Callable, Generator, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -97,12 +96,15 @@ from quota._abuse import AbuseDetector
 from quota._algorithms import ALGORITHMS, Rate
 from quota._errors import ConfigurationError, SchemaError, StorageError
 from quota._policy import parse_rates
+from quota._sql import Statement
+from quota._store import Op, Step
 from quota._url import SCHEMALESS
 from quota.http._identity import Identity, client_ip, hashed_subject
 from quota.http._policy import HttpConfig, apply_env
 from quota.http._policy import _check_factors as check_factors
 
 if TYPE_CHECKING:
+    from quota._limiter_sync import Limiter
     from quota.http._core import Guard
 
 log = logging.getLogger("quota.http")
@@ -120,45 +122,57 @@ TOMBSTONE_SECONDS = 2 * 3600.0
 #: Pending versions kept per override (changes written within a period or two).
 _PENDING_MAX = 8
 
-SELECT = (
+SELECT = Statement(
+    "policies_select",
     "SELECT route, subject, rates, algorithm, cost, fail_open, exempt, note, updated_at"
-    " FROM quota_policies ORDER BY route, subject"
+    " FROM quota_policies ORDER BY route, subject",
 )
-UPSERT = (
+UPSERT = Statement(
+    "policies_upsert",
     "INSERT INTO quota_policies"
     " (route, subject, rates, algorithm, cost, fail_open, exempt, note, updated_at)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (route, subject) DO UPDATE SET rates = excluded.rates,"
     " algorithm = excluded.algorithm, cost = excluded.cost, fail_open = excluded.fail_open,"
     " exempt = excluded.exempt, note = excluded.note, updated_at = excluded.updated_at"
-    " RETURNING 1"
+    " RETURNING 1",
 )
 _EMPTY = "rates IS NULL AND algorithm IS NULL AND cost IS NULL AND fail_open IS NULL AND exempt = ?"
 #: A deletion: the row overrides nothing from now on (and says when it stopped).
-DELETE = (
+DELETE = Statement(
+    "policies_delete",
     "UPDATE quota_policies SET rates = NULL, algorithm = NULL, cost = NULL, fail_open = NULL,"
     " exempt = ?, note = NULL, updated_at = ?"
-    f" WHERE route = ? AND subject = ? AND NOT ({_EMPTY}) RETURNING 1"
+    f" WHERE route = ? AND subject = ? AND NOT ({_EMPTY}) RETURNING 1",
 )
-PURGE = f"DELETE FROM quota_policies WHERE {_EMPTY} AND updated_at < ? RETURNING 1"
+PURGE = Statement(
+    "policies_purge", f"DELETE FROM quota_policies WHERE {_EMPTY} AND updated_at < ? RETURNING 1"
+)
 
 SETTINGS_TABLE = "quota_settings"
 #: Name of the setting that scales one tier's limits: this prefix, then the tier.
 TIER_MULTIPLIER = "tier_multiplier."
 #: Name of the setting of the abuse alert threshold.
 ABUSE_THRESHOLD = "abuse_threshold"
-SELECT_SETTINGS = "SELECT name, value, note, updated_at FROM quota_settings ORDER BY name"
-UPSERT_SETTING = (
+SELECT_SETTINGS = Statement(
+    "settings_select", "SELECT name, value, note, updated_at FROM quota_settings ORDER BY name"
+)
+UPSERT_SETTING = Statement(
+    "settings_upsert",
     "INSERT INTO quota_settings (name, value, note, updated_at) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET value = excluded.value, note = excluded.note,"
-    " updated_at = excluded.updated_at RETURNING 1"
+    " updated_at = excluded.updated_at RETURNING 1",
 )
 #: A deletion: the value is NULL from now on (and the row says when it stopped).
-DELETE_SETTING = (
+DELETE_SETTING = Statement(
+    "settings_delete",
     "UPDATE quota_settings SET value = NULL, note = NULL, updated_at = ?"
-    " WHERE name = ? AND value IS NOT NULL RETURNING 1"
+    " WHERE name = ? AND value IS NOT NULL RETURNING 1",
 )
-PURGE_SETTINGS = "DELETE FROM quota_settings WHERE value IS NULL AND updated_at < ? RETURNING 1"
+PURGE_SETTINGS = Statement(
+    "settings_purge",
+    "DELETE FROM quota_settings WHERE value IS NULL AND updated_at < ? RETURNING 1",
+)
 
 Rows = Sequence[Sequence[Any]]
 
@@ -181,7 +195,7 @@ def _unreachable(exc: BaseException) -> bool:
     return True
 
 
-def read_op() -> Generator[tuple[str, tuple[()]], Rows, Snapshot]:
+def read_op() -> Op[Snapshot]:
     """The read of both tables as a store operation (``store.run(read_op(), transaction=False)``).
 
     Two statements, each failing on its own: a missing ``quota_settings``
@@ -189,7 +203,7 @@ def read_op() -> Generator[tuple[str, tuple[()]], Rows, Snapshot]:
     the other way round. When the database cannot be reached the exception
     is raised, the second statement not tried. Without a fallback it runs as
     above; under one the middleware drives it over the store's
-    ``execute_strict`` (`quota._store.drive`): never from memory, each
+    ``execute_strict`` (``limiter.run(read_op(), strict=True)``): never from memory, each
     statement held to the fallback's budget, refused at once while the
     database is down (the last good overrides and settings stay in force).
     """
@@ -795,20 +809,26 @@ def ip_subject(ip: str, secret: bytes, *, ipv6_prefix: int = 64) -> str:
 # -- editing the table (the ``quota policy`` commands) -------------------------------
 
 
-def _now(limiter: Any) -> float:
+def _now(limiter: Limiter) -> float:
     """The limiter's clock (`time.time` unless one was injected)."""
-    options = getattr(limiter, "options", None)
-    clock = getattr(options, "app_clock", None) or time.time
-    return float(clock())
+    return float(limiter.options.app_clock())
 
 
-def list_policies(limiter: Any) -> list[PolicyRow]:
+def _statements(*steps: Step) -> Op[Rows]:
+    """Run `steps` one after the other (each commits on its own); the rows of the last."""
+    rows: Rows = ()
+    for step in steps:
+        rows = yield step
+    return rows
+
+
+def list_policies(limiter: Limiter) -> list[PolicyRow]:
     """Every override in ``quota_policies`` on a sync `quota.Limiter` (deletions not shown)."""
-    rows = (_row(values) for values in limiter.store.execute(SELECT, ()))
+    rows = (_row(values) for values in limiter.run(_statements((SELECT, ()))))
     return [row for row in rows if not _overrides_nothing(row)]
 
 
-def set_policy(limiter: Any, row: PolicyRow) -> PolicyRow:
+def set_policy(limiter: Limiter, row: PolicyRow) -> PolicyRow:
     """Insert or replace the row for (`row.route`, `row.subject`); returns it as stored.
 
     The row is stamped with the limiter's clock; every middleware applies it
@@ -826,16 +846,14 @@ def set_policy(limiter: Any, row: PolicyRow) -> PolicyRow:
         )
     now = _now(limiter)
     stamped = PolicyRow(**{**row.__dict__, "updated_at": now})
-    store = limiter.store
-    store.execute(PURGE, (False, now - TOMBSTONE_SECONDS))
-    store.execute(UPSERT, (
+    limiter.run(_statements((PURGE, (False, now - TOMBSTONE_SECONDS)), (UPSERT, (
         stamped.route, stamped.subject, stamped.rates, stamped.algorithm, stamped.cost,
         stamped.fail_open, stamped.exempt, stamped.note, stamped.updated_at,
-    ))  # fmt: skip
+    ))))  # fmt: skip
     return stamped
 
 
-def delete_policy(limiter: Any, route: str, subject: str = ANY) -> bool:
+def delete_policy(limiter: Limiter, route: str, subject: str = ANY) -> bool:
     """Delete the override of (`route`, `subject`); True if there was one.
 
     The row stays a while as a stamped deletion (overriding nothing), so
@@ -844,23 +862,23 @@ def delete_policy(limiter: Any, route: str, subject: str = ANY) -> bool:
     table is next edited.
     """
     now = _now(limiter)
-    store = limiter.store
-    store.execute(PURGE, (False, now - TOMBSTONE_SECONDS))
-    return bool(store.execute(DELETE, (False, now, route, subject, False)))
+    return bool(limiter.run(_statements(
+        (PURGE, (False, now - TOMBSTONE_SECONDS)), (DELETE, (False, now, route, subject, False))
+    )))  # fmt: skip
 
 
-def list_settings(limiter: Any) -> list[SettingRow]:
+def list_settings(limiter: Limiter) -> list[SettingRow]:
     """Every setting in ``quota_settings`` on a sync `quota.Limiter` (deletions not shown).
 
     Rows are listed as stored, malformed ones too (the middleware ignores
     those; `SettingRow.parsed` says why).
     """
-    rows = (_setting(values) for values in limiter.store.execute(SELECT_SETTINGS, ()))
+    rows = (_setting(values) for values in limiter.run(_statements((SELECT_SETTINGS, ()))))
     return [row for row in rows if row.value is not None]
 
 
 def set_setting(
-    limiter: Any, name: str, value: float | int | str, *, note: str | None = None
+    limiter: Limiter, name: str, value: float | int | str, *, note: str | None = None
 ) -> SettingRow:
     """Set `name` to `value`; returns the row as stored.
 
@@ -876,13 +894,14 @@ def set_setting(
         raise ConfigurationError(f"note must be a string or None, got {note!r}")
     now = _now(limiter)
     row = SettingRow(name=name, value=_text(parsed), note=note, updated_at=now)
-    store = limiter.store
-    store.execute(PURGE_SETTINGS, (now - TOMBSTONE_SECONDS,))
-    store.execute(UPSERT_SETTING, (row.name, row.value, row.note, row.updated_at))
+    limiter.run(_statements(
+        (PURGE_SETTINGS, (now - TOMBSTONE_SECONDS,)),
+        (UPSERT_SETTING, (row.name, row.value, row.note, row.updated_at)),
+    ))  # fmt: skip
     return row
 
 
-def delete_setting(limiter: Any, name: str) -> bool:
+def delete_setting(limiter: Limiter, name: str) -> bool:
     """Delete the setting `name`; True if there was one.
 
     The middlewares go back to their configured value at the same boundary,
@@ -893,6 +912,6 @@ def delete_setting(limiter: Any, name: str) -> bool:
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
     now = _now(limiter)
-    store = limiter.store
-    store.execute(PURGE_SETTINGS, (now - TOMBSTONE_SECONDS,))
-    return bool(store.execute(DELETE_SETTING, (now, name)))
+    return bool(limiter.run(_statements(
+        (PURGE_SETTINGS, (now - TOMBSTONE_SECONDS,)), (DELETE_SETTING, (now, name))
+    )))  # fmt: skip
