@@ -11,6 +11,9 @@ The session works in a database of its own on that server
 it neither sees nor clobbers counters of anyone else using the configured
 database; otherwise it uses the configured database as is. Either way the
 schema is migrated once and ``quota_counters`` is truncated before each test.
+
+The table of backends below is the one place that says which stores the tests run on,
+how each row is marked (so that it runs, skips or fails) and how its database is made.
 """
 
 from __future__ import annotations
@@ -35,6 +38,39 @@ from tests._support import (
     OpenBackend,
     with_database,
 )
+
+# -- the table of backends -----------------------------------------------------------------
+#
+# A row is a dialect (``"sqlite"``) or a dialect and a face (``"sqlite-async"``). A row of
+# ``postgresql`` is marked ``postgres``: it skips without PostgreSQL, or fails with
+# QUOTA_TEST_REQUIRE_POSTGRES=1. A row of ``redis`` is marked ``redis``: it skips without
+# Redis. Parametrize with `backend_params`; get a database with the ``sql_*`` fixtures (the
+# SQL dialects, ids ``sqlite`` and ``postgresql``), or with `store_url` and
+# `new_sql_database` when the parameter is a face or has ids of its own.
+
+#: The SQL dialects, in the order tests run them.
+SQL_DIALECTS = ("sqlite", "postgresql")
+#: The stores without an SQL schema, and every row with a face.
+MEMORY_FACES = ("memory-sync", "memory-async")
+REDIS_FACES = ("redis-sync", "redis-async")
+EVERY_FACE = SQLITE_FACES + POSTGRES_FACES + MEMORY_FACES + REDIS_FACES
+#: The marker of each dialect that needs a server; the others always run.
+DIALECT_MARKS = {"postgresql": pytest.mark.postgres, "redis": pytest.mark.redis}
+
+
+def dialect_of(name: str) -> str:
+    """The dialect of a row: ``"postgresql-async"`` -> ``"postgresql"``."""
+    return name.split("-")[0]
+
+
+def backend_params(*names: str) -> list[Any]:
+    """Rows of the table as `pytest.param` values: each its own id, with its dialect's marker."""
+    params = []
+    for name in names:
+        mark = DIALECT_MARKS.get(dialect_of(name))
+        params.append(pytest.param(name, id=name, marks=[mark] if mark else []))
+    return params
+
 
 DEFAULT_POSTGRES_URL = "postgresql://root@127.0.0.1:5432/test"
 ENV_URL = "QUOTA_TEST_POSTGRES_URL"
@@ -182,13 +218,6 @@ def sqlite_url(tmp_path: Path) -> str:
     return url
 
 
-def _faces(names: tuple[str, ...]) -> list[object]:
-    return [
-        pytest.param(name, id=name, marks=[pytest.mark.postgres] if name in POSTGRES_FACES else [])
-        for name in names
-    ]
-
-
 def _backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     name: str = request.param
     fixture = "pg_clean_url" if name in POSTGRES_FACES else "sqlite_url"
@@ -199,13 +228,13 @@ def _backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
         backend.close()
 
 
-@pytest.fixture(params=_faces(SQLITE_FACES + POSTGRES_FACES))
+@pytest.fixture(params=backend_params(*SQLITE_FACES, *POSTGRES_FACES))
 def backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     """Every store and face: SQLite and PostgreSQL, each sync and async, on `clock`."""
     yield from _backend(request, clock)
 
 
-@pytest.fixture(params=_faces(POSTGRES_FACES))
+@pytest.fixture(params=backend_params(*POSTGRES_FACES))
 def pg_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     """The PostgreSQL rows of the backend table only."""
     yield from _backend(request, clock)
@@ -219,9 +248,6 @@ def pg_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend
 
 REDIS_ENV_URL = "QUOTA_TEST_REDIS_URL"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-MEMORY_FACES = ("memory-sync", "memory-async")
-REDIS_FACES = ("redis-sync", "redis-async")
-EVERY_FACE = SQLITE_FACES + POSTGRES_FACES + MEMORY_FACES + REDIS_FACES
 
 
 @functools.cache
@@ -255,37 +281,119 @@ def redis_url() -> Iterator[str]:
             client.delete(*keys)
 
 
+def _empty_quota_tables(url: str) -> None:
+    """Empty every quota table of the PostgreSQL database at `url` (not the version table).
+
+    Only the tables holding rows are truncated: a TRUNCATE costs milliseconds a table
+    even when there is nothing to remove, and most tests leave most tables empty.
+    """
+    import psycopg
+
+    from quota._schema import TABLES
+    from quota._sql import VERSION_TABLE
+
+    tables = [table for table in TABLES if table != VERSION_TABLE]
+    holding_rows = " UNION ALL ".join(
+        f"SELECT '{table}' WHERE EXISTS (SELECT 1 FROM {table})" for table in tables
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '30s'")  # a session left holding a lock: fail, not hang
+        full = [str(row[0]) for row in conn.execute(holding_rows)]
+        if full:
+            conn.execute(f"TRUNCATE {', '.join(full)}")
+
+
 def store_url(request: pytest.FixtureRequest, dialect: str) -> str:
-    """An empty store of `dialect` for this test: SQLite, PostgreSQL, memory or Redis."""
+    """An empty store of `dialect` for this test: SQLite, PostgreSQL, memory or Redis.
+
+    SQLite is a new migrated file; PostgreSQL is the session's migrated database
+    (`pg_url`) with every quota table emptied.
+    """
     if dialect == "memory":
         return f"memory://test-{uuid.uuid4().hex}"  # named: every limiter of the test shares it
     if dialect == "redis":
         return str(request.getfixturevalue("redis_url"))
     if dialect == "sqlite":
         return str(request.getfixturevalue("sqlite_url"))
-    import psycopg
+    if dialect == "postgresql":
+        url = str(request.getfixturevalue("pg_url"))
+        _empty_quota_tables(url)
+        return url
+    raise ValueError(f"no store dialect {dialect!r} in the table of backends")
 
-    url = str(request.getfixturevalue("pg_clean_url"))
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE quota_state")
+
+def new_sql_database(
+    request: pytest.FixtureRequest, dialect: str, revision: str | None = "head"
+) -> str:
+    """A database of this test's own: a new SQLite file, or a new PostgreSQL database
+    (dropped after the test); migrated to `revision`, or without quota's tables for None."""
+    if dialect == "sqlite":
+        tmp_path: Path = request.getfixturevalue("tmp_path")
+        url = f"sqlite:///{tmp_path / f'own-{uuid.uuid4().hex[:8]}.db'}"
+    elif dialect == "postgresql":
+        make: Callable[[], str] = request.getfixturevalue("pg_make_database")
+        url = make()
+    else:
+        raise ValueError(f"no SQL dialect {dialect!r} in the table of backends")
+    if revision is not None:
+        quota.migrate(url, revision=revision)
     return url
 
 
-def _marks(name: str) -> list[pytest.MarkDecorator]:
-    if name in POSTGRES_FACES:
-        return [pytest.mark.postgres]
-    return [pytest.mark.redis] if name in REDIS_FACES else []
-
-
-@pytest.fixture(params=[pytest.param(name, id=name, marks=_marks(name)) for name in EVERY_FACE])
+@pytest.fixture(params=backend_params(*EVERY_FACE))
 def every_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     """Every store and face: SQLite, PostgreSQL, memory and Redis, each sync and async, on `clock`."""
     name: str = request.param
-    backend = Backend(name, store_url(request, name.split("-")[0]), clock)
+    backend = Backend(name, store_url(request, dialect_of(name)), clock)
     try:
         yield backend
     finally:
         backend.close()
+
+
+# -- the SQL dialects: one parametrization, ids "sqlite" and "postgresql" -------------------
+#
+# All of these hang on `sql_dialect`: a test asking for several runs once per dialect, and
+# they are the same dialect.
+
+
+@pytest.fixture(params=backend_params(*SQL_DIALECTS))
+def sql_dialect(request: pytest.FixtureRequest) -> str:
+    """Each SQL dialect: ``"sqlite"``, then ``"postgresql"`` (marked ``postgres``)."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def sql_url(request: pytest.FixtureRequest, sql_dialect: str) -> str:
+    """A migrated database with quota's tables empty: a new SQLite file, or the session's
+    PostgreSQL database with every quota table emptied (`store_url`)."""
+    return store_url(request, sql_dialect)
+
+
+@pytest.fixture
+def sql_empty_url(request: pytest.FixtureRequest, sql_dialect: str) -> str:
+    """A new database without quota's tables (unmigrated): a SQLite path, or a new
+    PostgreSQL database dropped after the test."""
+    return new_sql_database(request, sql_dialect, revision=None)
+
+
+@pytest.fixture
+def sql_own_url(request: pytest.FixtureRequest, sql_dialect: str) -> str:
+    """A new migrated database of this test's own (not the session's): for tests that drop
+    tables or downgrade."""
+    return new_sql_database(request, sql_dialect)
+
+
+@pytest.fixture
+def sql_database(request: pytest.FixtureRequest, sql_dialect: str) -> Callable[..., str]:
+    """Makes new databases of this test's own: ``sql_database()`` migrated to head,
+    ``sql_database(revision)`` to `revision`, ``sql_database(None)`` not migrated."""
+
+    def make(revision: str | None = "head") -> str:
+        return new_sql_database(request, sql_dialect, revision)
+
+    return make
 
 
 # -- PgBouncer: PostgreSQL behind a transaction- or session-pooling bouncer ----------------

@@ -16,7 +16,7 @@ import pytest
 import quota
 from tests import _workers
 from tests._algorithm_workers import ALGORITHMS, algorithm_worker
-from tests.conftest import store_url
+from tests.conftest import SQL_DIALECTS, backend_params, store_url
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +25,7 @@ HITS_PER_PROCESS = 50
 LIMIT, WINDOW = 40, 3600  # well under the 4 x 50 = 200 hits made on each key
 
 
-@pytest.mark.parametrize(
-    "dialect",
-    [
-        "sqlite",
-        pytest.param("postgresql", marks=pytest.mark.postgres),
-        pytest.param("redis", marks=pytest.mark.redis),
-    ],
-)
+@pytest.mark.parametrize("dialect", backend_params(*SQL_DIALECTS, "redis"))
 def test_processes_on_one_key_allow_exactly_the_limit_under_every_algorithm(
     request: pytest.FixtureRequest, dialect: str
 ) -> None:

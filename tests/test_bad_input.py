@@ -369,18 +369,9 @@ def test_integer_and_small_clocks_still_work(sqlite_url: str) -> None:
 # -- 6. grants and limits stay within 64 bits -----------------------------------------------
 
 
-def _quota_urls() -> list[Any]:
-    return ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture(params=_quota_urls())
-def quota_limiter(request: pytest.FixtureRequest) -> Iterator[quota.Limiter]:
-    if request.param == "sqlite":
-        url = request.getfixturevalue("sqlite_url")
-        quota.migrate(url)
-    else:
-        url = request.getfixturevalue("pg_clean_url")
-    with quota.connect(url) as limiter:
+@pytest.fixture
+def quota_limiter(sql_url: str) -> Iterator[quota.Limiter]:
+    with quota.connect(sql_url) as limiter:
         yield limiter
 
 

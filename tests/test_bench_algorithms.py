@@ -16,6 +16,7 @@ import quota
 from quota import _sql
 from quota._algorithms import state_key
 from quota._bench import WINDOW
+from tests.conftest import backend_params
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "gcra")
 
@@ -44,10 +45,7 @@ def _hammered(url: str, algorithm: str) -> int:
         )
 
 
-@pytest.mark.parametrize(
-    "dialect",
-    ["sqlite", pytest.param("redis", marks=pytest.mark.redis)],
-)
+@pytest.mark.parametrize("dialect", backend_params("sqlite", "redis"))
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_bench_runs_the_algorithm_beside_the_bare_fixed_window(
     request: pytest.FixtureRequest, dialect: str, algorithm: str

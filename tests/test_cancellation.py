@@ -45,6 +45,7 @@ import pytest
 import quota
 from quota._core import stored_key
 from tests._support import Clock
+from tests.conftest import backend_params, dialect_of, store_url
 
 SEED_ENV = "QUOTA_TEST_CANCEL_SEED"
 #: Cancellations each backend's storm must reach (calls that raised CancelledError
@@ -208,17 +209,18 @@ def _truncated(url: str) -> Db:
     return db
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("postgresql", id="postgresql-async", marks=pytest.mark.postgres),
-        pytest.param("sqlite", id="sqlite-async"),
-    ]
-)
+def _db(request: pytest.FixtureRequest, dialect: str) -> Db:
+    """A database of `dialect` with empty quota tables (the table of backends' `store_url`)."""
+    db = Db(dialect, store_url(request, dialect))
+    if dialect == "postgresql":
+        db.ignored = {row[0] for row in db.backends()}
+    return db
+
+
+@pytest.fixture(params=backend_params("postgresql-async", "sqlite-async"))
 def db(request: pytest.FixtureRequest) -> Db:
     """An empty database of either dialect."""
-    if request.param == "postgresql":
-        return _truncated(str(request.getfixturevalue("pg_clean_url")))
-    return Db("sqlite", str(request.getfixturevalue("sqlite_url")))
+    return _db(request, dialect_of(request.param))
 
 
 def _connect(db: Db, clock: Clock) -> quota.AsyncLimiter:
@@ -755,10 +757,7 @@ def test_a_consume_cancelled_while_waiting_for_the_write_lock_leaves_it_free_on_
     assert {"after-1", "after-6"} <= {k for k, _, _, _ in entries}
 
 
-@pytest.mark.parametrize(
-    "dialect",
-    [pytest.param("postgresql", marks=pytest.mark.postgres), "sqlite"],
-)
+@pytest.mark.parametrize("dialect", backend_params("postgresql", "sqlite"))
 def test_a_consume_under_an_anyio_deadline_that_expires_while_it_waits_leaves_nothing_held(
     request: pytest.FixtureRequest, clock: Clock, dialect: str
 ) -> None:
@@ -767,10 +766,7 @@ def test_a_consume_under_an_anyio_deadline_that_expires_while_it_waits_leaves_no
     anyio = pytest.importorskip("anyio")
     import psycopg
 
-    if dialect == "postgresql":
-        db = _truncated(str(request.getfixturevalue("pg_clean_url")))
-    else:
-        db = Db("sqlite", str(request.getfixturevalue("sqlite_url")))
+    db = _db(request, dialect)
     subject = f"acct:{uuid.uuid4().hex[:8]}"
 
     async def main() -> None:

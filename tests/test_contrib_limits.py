@@ -45,6 +45,7 @@ from quota.contrib.limits import AsyncQuotaStorage, QuotaStorage
 from tests import _limits_support, _workers
 from tests._limits_support import Blocking, FakeTime
 from tests._support import POSTGRES_FACES, SQLITE_FACES, Clock
+from tests.conftest import backend_params, store_url
 
 FIXED = "fixed-window"
 SLIDING = "sliding-window-counter"
@@ -98,19 +99,12 @@ class LimitsBackend:
         return _table(self.url)
 
 
-def _face_params() -> list[Any]:
-    return [
-        pytest.param(name, id=name, marks=[pytest.mark.postgres] if name in POSTGRES_FACES else [])
-        for name in SQLITE_FACES + POSTGRES_FACES
-    ]
-
-
-@pytest.fixture(params=_face_params())
+@pytest.fixture(params=backend_params(*SQLITE_FACES, *POSTGRES_FACES))
 def lb(request: pytest.FixtureRequest) -> Iterator[LimitsBackend]:
     """The adapter on every store and face: SQLite and PostgreSQL, sync and async."""
     name: str = request.param
     dialect, face = name.split("-")
-    url: str = request.getfixturevalue("pg_clean_url" if dialect == "postgresql" else "sqlite_url")
+    url = store_url(request, dialect)
     uri = ("async+quota+" if face == "async" else "quota+") + url
     loop = asyncio.new_event_loop() if face == "async" else None
     storage = storage_from_string(uri)
@@ -590,19 +584,6 @@ def test_processes_on_postgresql_allow_exactly_the_limit(pg_clean_url: str) -> N
 # -- the frameworks -------------------------------------------------------------------
 
 
-def _framework_params() -> list[Any]:
-    return [
-        pytest.param("sqlite_url", id="sqlite"),
-        pytest.param("pg_clean_url", id="postgresql", marks=pytest.mark.postgres),
-    ]
-
-
-@pytest.fixture(params=_framework_params())
-def framework_url(request: pytest.FixtureRequest) -> str:
-    """A migrated, empty quota database: SQLite, then PostgreSQL."""
-    return str(request.getfixturevalue(request.param))
-
-
 def _check_limited(responses: list[Any], url: str) -> None:
     assert [r.status_code for r in responses] == [200, 200, 200, 429]
     assert [r.headers["X-RateLimit-Limit"] for r in responses] == ["3"] * 4
@@ -616,10 +597,10 @@ def _check_limited(responses: list[Any], url: str) -> None:
     assert row[0].startswith("limits:") and row[3] == 60 and row[4] == 4
 
 
-def test_flask_limiter_on_quota(framework_url: str) -> None:
+def test_flask_limiter_on_quota(sql_url: str) -> None:
     app = flask.Flask("limited")
     limiter = FlaskLimiter(
-        lambda: "203.0.113.7", app=app, storage_uri="quota+" + framework_url, headers_enabled=True
+        lambda: "203.0.113.7", app=app, storage_uri="quota+" + sql_url, headers_enabled=True
     )
 
     @app.route("/ping")
@@ -630,18 +611,18 @@ def test_flask_limiter_on_quota(framework_url: str) -> None:
     try:
         assert isinstance(limiter.storage, QuotaStorage)
         client = app.test_client()
-        _check_limited([client.get("/ping") for _ in range(4)], framework_url)
+        _check_limited([client.get("/ping") for _ in range(4)], sql_url)
         limiter.reset()
-        assert _table(framework_url) == []
+        assert _table(sql_url) == []
         assert client.get("/ping").status_code == 200
     finally:
         limiter.storage.close()  # type: ignore[attr-defined]
 
 
-def test_slowapi_on_quota(framework_url: str) -> None:
+def test_slowapi_on_quota(sql_url: str) -> None:
     limiter = SlowLimiter(
         key_func=lambda request: "203.0.113.7",
-        storage_uri="quota+" + framework_url,
+        storage_uri="quota+" + sql_url,
         headers_enabled=True,
     )
     app = FastAPI()
@@ -657,7 +638,7 @@ def test_slowapi_on_quota(framework_url: str) -> None:
     assert isinstance(storage, QuotaStorage)
     try:
         with TestClient(app) as client:
-            _check_limited([client.get("/ping") for _ in range(4)], framework_url)
+            _check_limited([client.get("/ping") for _ in range(4)], sql_url)
             limiter.reset()
             assert client.get("/ping").status_code == 200
     finally:

@@ -15,26 +15,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests._support import T0, Backend, Clock
-from tests.conftest import store_url
+from tests._support import POSTGRES_FACES, SQLITE_FACES, T0, Backend, Clock
+from tests.conftest import REDIS_FACES, backend_params, dialect_of, store_url
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "gcra")
-FACES = [
-    pytest.param("sqlite-sync", id="sqlite-sync"),
-    pytest.param("sqlite-async", id="sqlite-async"),
-    pytest.param("postgresql-sync", id="postgresql-sync", marks=pytest.mark.postgres),
-    pytest.param("postgresql-async", id="postgresql-async", marks=pytest.mark.postgres),
-    pytest.param("redis-sync", id="redis-sync", marks=pytest.mark.redis),
-    pytest.param("redis-async", id="redis-async", marks=pytest.mark.redis),
-    pytest.param("memory-sync", id="memory-sync"),
-]
+FACES = backend_params(*SQLITE_FACES, *POSTGRES_FACES, *REDIS_FACES, "memory-sync")
 SKEW = 30.0
 
 
 @pytest.fixture(params=FACES)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     name: str = request.param
-    made = Backend(name, store_url(request, name.split("-")[0]), Clock())
+    made = Backend(name, store_url(request, dialect_of(name)), Clock())
     try:
         yield made
     finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,32 +19,13 @@ import quota
 from quota import _doctor, _schema
 from quota._doctor import ERROR, OK, WARN
 from quota._schema import REVISIONS
+from tests.conftest import SQL_DIALECTS
 
 #: The newest revision of the migrations that ship with the package.
 HEAD = REVISIONS[-1]
 
+#: The `sql_database` fixture: ``sql_database()`` migrated to head, or ``sql_database(revision)``.
 MakeUrl = Callable[..., str]
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-    ]
-)
-def migrated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeUrl]:
-    """Makes a throwaway database migrated to head: ``migrated()`` (or ``migrated(revision)``)."""
-    made = iter(range(1000))
-
-    def make(revision: str = "head") -> str:
-        if request.param == "sqlite":
-            url = f"sqlite:///{tmp_path / f'drift{next(made)}.db'}"
-        else:
-            url = request.getfixturevalue("pg_make_database")()
-        quota.migrate(url, revision=revision)
-        return url
-
-    yield make
 
 
 def _execute(url: str, sql: str) -> None:
@@ -91,8 +72,8 @@ def _assert_restored_by_its_fix(url: str, finding: quota.Finding) -> None:
 # -- nothing drifted -----------------------------------------------------------------------
 
 
-def test_a_freshly_migrated_database_has_no_drift(migrated: MakeUrl) -> None:
-    url = migrated()
+def test_a_freshly_migrated_database_has_no_drift(sql_database: MakeUrl) -> None:
+    url = sql_database()
     (finding,) = _drift(url)
     assert finding.severity == OK
     assert f"revision {HEAD}" in finding.message
@@ -116,9 +97,9 @@ def test_the_counters_options_are_not_drift(
 
 
 def test_a_dropped_idempotency_index_is_an_error_fixed_by_the_migrations_statement(
-    migrated: MakeUrl,
+    sql_database: MakeUrl,
 ) -> None:
-    url = migrated()
+    url = sql_database()
     _execute(url, "DROP INDEX uq_quota_ledger_idempotency")
 
     (finding,) = _drift(url)
@@ -135,8 +116,8 @@ def test_a_dropped_idempotency_index_is_an_error_fixed_by_the_migrations_stateme
     _assert_restored_by_its_fix(url, finding)
 
 
-def test_an_idempotency_index_without_its_predicate_is_an_error(migrated: MakeUrl) -> None:
-    url = migrated()
+def test_an_idempotency_index_without_its_predicate_is_an_error(sql_database: MakeUrl) -> None:
+    url = sql_database()
     _execute(
         url,
         "DROP INDEX uq_quota_ledger_idempotency;"
@@ -154,8 +135,8 @@ def test_an_idempotency_index_without_its_predicate_is_an_error(migrated: MakeUr
     _assert_restored_by_its_fix(url, finding)
 
 
-def test_a_dropped_cleanup_index_is_a_warning(migrated: MakeUrl) -> None:
-    url = migrated()
+def test_a_dropped_cleanup_index_is_a_warning(sql_database: MakeUrl) -> None:
+    url = sql_database()
     _execute(url, "DROP INDEX ix_quota_counters_window_end")
 
     (finding,) = _drift(url)
@@ -188,9 +169,9 @@ def test_the_postgresql_only_cleanup_index(pg_make_database: Callable[[], str]) 
 
 
 def test_a_dropped_counters_column_is_an_error_fixed_by_recreating_the_table(
-    migrated: MakeUrl,
+    sql_database: MakeUrl,
 ) -> None:
-    url = migrated()
+    url = sql_database()
     _execute(url, "ALTER TABLE quota_counters DROP COLUMN updated_at")
 
     (finding,) = _drift(url)
@@ -206,8 +187,8 @@ def test_a_dropped_counters_column_is_an_error_fixed_by_recreating_the_table(
         assert limiter.rate_limit("k", 1, 60).allowed
 
 
-def test_a_dropped_nullable_column_is_added_back(migrated: MakeUrl) -> None:
-    url = migrated()
+def test_a_dropped_nullable_column_is_added_back(sql_database: MakeUrl) -> None:
+    url = sql_database()
     _execute(url, "ALTER TABLE quota_usage DROP COLUMN tz")
 
     (finding,) = _drift(url)
@@ -217,8 +198,8 @@ def test_a_dropped_nullable_column_is_added_back(migrated: MakeUrl) -> None:
     _assert_restored_by_its_fix(url, finding)
 
 
-def test_a_dropped_not_null_column_of_a_durable_table(migrated: MakeUrl) -> None:
-    url = migrated()
+def test_a_dropped_not_null_column_of_a_durable_table(sql_database: MakeUrl) -> None:
+    url = sql_database()
     _execute(url, "ALTER TABLE quota_ledger DROP COLUMN cost")
 
     (finding,) = _drift(url)
@@ -230,9 +211,9 @@ def test_a_dropped_not_null_column_of_a_durable_table(migrated: MakeUrl) -> None
 
 
 def test_a_dropped_table_is_an_error_fixed_by_the_migrations_statements(
-    migrated: MakeUrl,
+    sql_database: MakeUrl,
 ) -> None:
-    url = migrated()
+    url = sql_database()
     _execute(url, "DROP TABLE quota_state")
 
     (finding,) = _drift(url)
@@ -318,8 +299,8 @@ def test_a_changed_column_type_and_nullability(pg_make_database: Callable[[], st
     assert [f.severity for f in _drift(url)] == [OK]
 
 
-def test_an_extra_index_on_a_hot_table_warns(migrated: MakeUrl) -> None:
-    url = migrated()
+def test_an_extra_index_on_a_hot_table_warns(sql_database: MakeUrl) -> None:
+    url = sql_database()
     _execute(url, "CREATE INDEX ix_mine ON quota_counters (count)")
 
     (finding,) = _drift(url)
@@ -332,14 +313,14 @@ def test_an_extra_index_on_a_hot_table_warns(migrated: MakeUrl) -> None:
     _assert_restored_by_its_fix(url, finding)
 
 
-def test_an_extra_index_on_the_ledger_is_the_apps_business(migrated: MakeUrl) -> None:
-    url = migrated()
+def test_an_extra_index_on_the_ledger_is_the_apps_business(sql_database: MakeUrl) -> None:
+    url = sql_database()
     _execute(url, "CREATE INDEX ix_reporting ON quota_ledger (name, at)")
     assert [f.severity for f in _drift(url)] == [OK]
 
 
-def test_a_renamed_index_works_but_warns(migrated: MakeUrl) -> None:
-    url = migrated()
+def test_a_renamed_index_works_but_warns(sql_database: MakeUrl) -> None:
+    url = sql_database()
     _execute(
         url,
         "DROP INDEX ix_quota_ledger_at; CREATE INDEX ix_renamed ON quota_ledger (at)",
@@ -353,9 +334,9 @@ def test_a_renamed_index_works_but_warns(migrated: MakeUrl) -> None:
 
 
 def test_a_dropped_version_table_is_an_error_that_says_which_revision_to_record(
-    migrated: MakeUrl,
+    sql_database: MakeUrl,
 ) -> None:
-    url = migrated()
+    url = sql_database()
     _execute(url, "DROP TABLE quota_alembic_version")
 
     findings = quota.diagnose(url)
@@ -371,8 +352,8 @@ def test_a_dropped_version_table_is_an_error_that_says_which_revision_to_record(
     assert quota.current_revision(url) == HEAD
 
 
-def test_a_schema_behind_says_to_migrate(migrated: MakeUrl) -> None:
-    url = migrated(revision=REVISIONS[1])
+def test_a_schema_behind_says_to_migrate(sql_database: MakeUrl) -> None:
+    url = sql_database(revision=REVISIONS[1])
 
     (finding,) = _drift(url)
 
@@ -526,7 +507,7 @@ def test_a_sqlite_index_is_read_from_its_create_statement() -> None:
     assert expression.keys == ("window_start+window_seconds",)
 
 
-@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("dialect", SQL_DIALECTS)
 def test_drift_is_judged_from_the_shapes_alone(dialect: str) -> None:
     """No database: the live schema is the expected one with the idempotency index gone."""
     from dataclasses import replace

@@ -10,24 +10,11 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 import quota
 from quota._schema import REVISIONS
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def migrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'guard.db'}"
-    else:
-        make: Callable[[], str] = request.getfixturevalue("pg_make_database")
-        url = make()
-    quota.migrate(url)
-    return url
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -37,49 +24,49 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_a_downgrade_that_would_drop_quota_rows_is_refused(migrated_url: str) -> None:
-    with quota.connect(migrated_url) as limiter:
+def test_a_downgrade_that_would_drop_quota_rows_is_refused(sql_own_url: str) -> None:
+    with quota.connect(sql_own_url) as limiter:
         limiter.consume_quota("acme", "calls", 100, "day", cost=3, idempotency_key="a")
         limiter.consume_quota("acme", "calls", 100, "day", cost=4, idempotency_key="b")
 
     with pytest.raises(quota.ConfigurationError) as refused:
-        quota.downgrade(migrated_url, revision="0001_counters")
+        quota.downgrade(sql_own_url, revision="0001_counters")
     message = str(refused.value)
     assert "quota_usage (1 rows)" in message and "quota_ledger (2 rows)" in message
     assert "drop_data=True" in message
-    assert quota.current_revision(migrated_url) == REVISIONS[-1]  # nothing changed
+    assert quota.current_revision(sql_own_url) == REVISIONS[-1]  # nothing changed
 
-    result = _cli("downgrade", "--url", migrated_url, "0001_counters")
+    result = _cli("downgrade", "--url", sql_own_url, "0001_counters")
     assert result.returncode == 2, result.stderr  # a usage error: the flag is missing
     assert "quota_ledger (2 rows)" in result.stderr and "--drop-data" in result.stderr
 
     sql = io.StringIO()  # the statements stay available for review
-    quota.downgrade(migrated_url, revision="0001_counters", sql=True, output=sql)
+    quota.downgrade(sql_own_url, revision="0001_counters", sql=True, output=sql)
     assert "DROP TABLE quota_ledger" in sql.getvalue()
-    with quota.connect(migrated_url) as limiter:
+    with quota.connect(sql_own_url) as limiter:
         assert [u.used for u in limiter.quota_usage("acme")] == [7]
 
     # Dropping only what holds no durable rows needs no flag.
-    quota.downgrade(migrated_url, revision="0003_algorithms")
-    assert quota.current_revision(migrated_url) == "0003_algorithms"
+    quota.downgrade(sql_own_url, revision="0003_algorithms")
+    assert quota.current_revision(sql_own_url) == "0003_algorithms"
 
-    result = _cli("downgrade", "--url", migrated_url, "0001_counters", "--drop-data")
+    result = _cli("downgrade", "--url", sql_own_url, "0001_counters", "--drop-data")
     assert result.returncode == 0, result.stderr
     assert "quota schema at 0001_counters" in result.stderr
-    assert quota.current_revision(migrated_url) == "0001_counters"
+    assert quota.current_revision(sql_own_url) == "0001_counters"
 
 
-def test_policy_rows_are_durable_too(migrated_url: str) -> None:
+def test_policy_rows_are_durable_too(sql_own_url: str) -> None:
     from quota.http import PolicyRow, set_policy
 
-    with quota.connect(migrated_url) as limiter:
+    with quota.connect(sql_own_url) as limiter:
         set_policy(limiter, PolicyRow(route="api", rates="5/minute"))
     with pytest.raises(quota.ConfigurationError, match=r"quota_policies \(1 rows\)"):
-        quota.downgrade(migrated_url, revision="0003_algorithms")
-    quota.downgrade(migrated_url, revision="0003_algorithms", drop_data=True)
-    assert quota.current_revision(migrated_url) == "0003_algorithms"
+        quota.downgrade(sql_own_url, revision="0003_algorithms")
+    quota.downgrade(sql_own_url, revision="0003_algorithms", drop_data=True)
+    assert quota.current_revision(sql_own_url) == "0003_algorithms"
 
 
-def test_empty_durable_tables_downgrade_without_the_flag(migrated_url: str) -> None:
-    quota.downgrade(migrated_url, revision="base")
-    assert quota.current_revision(migrated_url) is None
+def test_empty_durable_tables_downgrade_without_the_flag(sql_own_url: str) -> None:
+    quota.downgrade(sql_own_url, revision="base")
+    assert quota.current_revision(sql_own_url) is None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import textwrap
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -97,14 +96,6 @@ def _sqlalchemy_url(url: str) -> str:
     )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'host.db'}"
-    make: Callable[[], str] = request.getfixturevalue("pg_make_database")
-    return make()
-
-
 def _tables(url: str) -> set[str]:
     engine = sa.create_engine(_sqlalchemy_url(url), poolclass=sa.NullPool)
     try:
@@ -123,31 +114,31 @@ def _both_work(url: str) -> None:
 
 @pytest.mark.parametrize("order", ["quota first", "host first"])
 def test_the_two_commands_in_either_order(
-    tmp_path: Path, fresh_url: str, order: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sql_empty_url: str, order: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOST_QUOTA_ORDER", "")
-    cfg = _host_app(tmp_path, _sqlalchemy_url(fresh_url))
+    cfg = _host_app(tmp_path, _sqlalchemy_url(sql_empty_url))
     if order == "quota first":
-        quota.migrate(fresh_url)
+        quota.migrate(sql_empty_url)
         command.upgrade(cfg, "head")
     else:
         command.upgrade(cfg, "head")
-        quota.migrate(fresh_url)
-    _both_work(fresh_url)
+        quota.migrate(sql_empty_url)
+    _both_work(sql_empty_url)
 
 
 @pytest.mark.parametrize("order", ["before", "after"])
 def test_the_env_py_recipe_runs_both_in_one_upgrade_twice(
-    tmp_path: Path, fresh_url: str, order: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sql_empty_url: str, order: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOST_QUOTA_ORDER", order)
-    cfg = _host_app(tmp_path, _sqlalchemy_url(fresh_url))
+    cfg = _host_app(tmp_path, _sqlalchemy_url(sql_empty_url))
     command.upgrade(cfg, "head")  # main: KeyError 'config' / the host's tables never made
-    _both_work(fresh_url)
+    _both_work(sql_empty_url)
     command.upgrade(cfg, "head")  # and again: nothing to do, nothing breaks
-    _both_work(fresh_url)
+    _both_work(sql_empty_url)
     # The host's own history is untouched by quota's: its version table says h0001.
-    engine = sa.create_engine(_sqlalchemy_url(fresh_url), poolclass=sa.NullPool)
+    engine = sa.create_engine(_sqlalchemy_url(sql_empty_url), poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).all() == [
@@ -158,10 +149,10 @@ def test_the_env_py_recipe_runs_both_in_one_upgrade_twice(
 
 
 def test_autogenerate_with_the_filter_proposes_nothing_for_quota(
-    tmp_path: Path, fresh_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sql_empty_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOST_QUOTA_ORDER", "after")
-    cfg = _host_app(tmp_path, _sqlalchemy_url(fresh_url))
+    cfg = _host_app(tmp_path, _sqlalchemy_url(sql_empty_url))
     command.upgrade(cfg, "head")
     script = command.revision(cfg, message="routine", autogenerate=True)
     assert script is not None and not isinstance(script, list)

@@ -47,21 +47,6 @@ def make_config(**changes: Any) -> HttpConfig:
     return HttpConfig(**settings)
 
 
-@pytest.fixture(
-    params=[pytest.param("sqlite"), pytest.param("postgresql", marks=pytest.mark.postgres)]
-)
-def store_url(request: pytest.FixtureRequest) -> str:
-    if request.param == "sqlite":
-        url: str = request.getfixturevalue("sqlite_url")
-        return url
-    url = request.getfixturevalue("pg_url")
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE quota_counters, quota_state, quota_policies")
-    return url
-
-
 @pytest.fixture(params=FRAMEWORKS)
 def framework(request: pytest.FixtureRequest) -> str:
     name: str = request.param
@@ -72,11 +57,11 @@ Make = Callable[..., HttpClient]
 
 
 @pytest.fixture
-def make(framework: str, store_url: str, clock: Clock) -> Iterator[Make]:
+def make(framework: str, sql_url: str, clock: Clock) -> Iterator[Make]:
     clients: list[HttpClient] = []
 
     def build(config: HttpConfig | None = None, **options: Any) -> HttpClient:
-        client = make_client(framework, store_url, clock, config or make_config(), **options)
+        client = make_client(framework, sql_url, clock, config or make_config(), **options)
         clients.append(client)
         return client
 
@@ -411,12 +396,12 @@ def test_a_trusted_proxy_forwards_the_client_address(make: Make) -> None:
     assert other.header("X-RateLimit-Remaining") == "2"
 
 
-def test_no_raw_ip_or_token_reaches_the_database(make: Make, store_url: str, clock: Clock) -> None:
+def test_no_raw_ip_or_token_reaches_the_database(make: Make, sql_url: str, clock: Clock) -> None:
     client = make(token_validator=_any_token)
     client.get("/api/items")
     client.get("/api/items", authorization="Bearer secret-token-value")
 
-    with quota.connect(store_url, clock=clock) as limiter:
+    with quota.connect(sql_url, clock=clock) as limiter:
         keys = [usage.key for usage in limiter.top(10)]
 
     assert len(keys) == 2
@@ -486,8 +471,8 @@ def test_a_handler_that_raises_is_still_counted_once(make: Make) -> None:
     assert client.handled == ["/api/boom", "/api/items"]
 
 
-def _dead_url(store_url: str, tmp_path: Any) -> str:
-    if store_url.startswith("sqlite"):
+def _dead_url(url: str, tmp_path: Any) -> str:
+    if url.startswith("sqlite"):
         blocker = tmp_path / "not-a-directory"
         blocker.write_text("")
         return f"sqlite:///{blocker}/quota.db"  # cannot be opened: a file is in the way
@@ -496,9 +481,9 @@ def _dead_url(store_url: str, tmp_path: Any) -> str:
 
 @pytest.mark.parametrize("fail_open", [True, False], ids=["fail-open", "fail-closed"])
 def test_a_limiter_whose_database_is_down_never_yields_a_500(
-    framework: str, store_url: str, clock: Clock, tmp_path: Any, fail_open: bool
+    framework: str, sql_url: str, clock: Clock, tmp_path: Any, fail_open: bool
 ) -> None:
-    dead = _dead_url(store_url, tmp_path)
+    dead = _dead_url(sql_url, tmp_path)
     route = RoutePolicy(name="api", paths=["/api"], rates="3/minute", fail_open=fail_open)
     config = make_config(policies=[route], runtime_policies=True)
     client = make_client(framework, dead, clock, config)
@@ -583,14 +568,14 @@ def test_cross_origin_requests_can_read_the_headers(make: Make, framework: str) 
 
 
 def test_a_policy_change_in_the_database_applies_at_a_boundary_of_the_cache_period(
-    make: Make, store_url: str, clock: Clock
+    make: Make, sql_url: str, clock: Clock
 ) -> None:
     client = make(make_config(runtime_policies=True, policy_cache_seconds=5))
     assert client.get("/api/items").header("X-RateLimit-Limit") == "3"
 
     # Written 0.75 s before a boundary (the clock starts 4.25 s into a 5 s
     # period): not applied there, but at the next one, on every worker at once.
-    with quota.connect(store_url, clock=clock) as limiter:
+    with quota.connect(sql_url, clock=clock) as limiter:
         set_policy(limiter, PolicyRow(route="api", rates="10/minute"))
     clock.advance(4)
     cached = client.get("/api/items")
@@ -603,13 +588,13 @@ def test_a_policy_change_in_the_database_applies_at_a_boundary_of_the_cache_peri
 
 
 def test_overrides_for_a_tier_a_caller_and_an_exemption(
-    make: Make, store_url: str, clock: Clock
+    make: Make, sql_url: str, clock: Clock
 ) -> None:
     client = make(
         make_config(runtime_policies=True, policy_cache_seconds=5), token_validator=_any_token
     )
     subject = client.middleware.guard.subject("tok", "vip")
-    with quota.connect(store_url) as limiter:
+    with quota.connect(sql_url) as limiter:
         set_policy(limiter, PolicyRow(route="api", subject="tier:auth", rates="7/minute"))
         set_policy(limiter, PolicyRow(route="*", subject=subject, rates="100/minute"))
         set_policy(limiter, PolicyRow(route="api", subject="tier:trusted", exempt=True))

@@ -53,7 +53,6 @@ from pathlib import Path
 
 import pytest
 
-import quota
 from tests._limits_suite_plugin import EXCLUDED, URL_ENV
 
 LIMITS_VERSION = importlib.metadata.version("limits")
@@ -279,37 +278,14 @@ def _check(outcomes: Outcomes) -> None:
         assert any(f".{needle}." in name for name in outcomes.passed), (needle, outcomes.summary())
 
 
-def _sqlite_urls(tmp_path: Path) -> dict[str, str]:
-    urls = {}
-    for name in SHARDS:
-        urls[name] = f"sqlite:///{tmp_path / f'{name}.db'}"
-        quota.migrate(urls[name])
-    return urls
-
-
-def _postgres_urls(make_database: Callable[[], str]) -> dict[str, str]:
-    urls = {}
-    for name in SHARDS:
-        urls[name] = make_database()
-        quota.migrate(urls[name])
-    return urls
-
-
-@pytest.mark.parametrize(
-    "database",
-    [pytest.param("sqlite"), pytest.param("postgresql", marks=pytest.mark.postgres)],
-)
 def test_limits_own_storage_tests_pass_on_quota(
-    database: str,
+    sql_dialect: str,
+    sql_database: Callable[[], str],
     limits_tests: Path,
     tmp_path: Path,
-    request: pytest.FixtureRequest,
 ) -> None:
-    if database == "sqlite":
-        urls = _sqlite_urls(tmp_path)
-    else:
-        urls = _postgres_urls(request.getfixturevalue("pg_make_database"))
+    urls = {name: sql_database() for name in SHARDS}  # migrated, one database a shard
     outcomes = _run_shards(limits_tests, urls, tmp_path)
     # -rP shows it.
-    print(f"limits {LIMITS_VERSION}'s suite on quota+{database}: {outcomes.summary()}")
+    print(f"limits {LIMITS_VERSION}'s suite on quota+{sql_dialect}: {outcomes.summary()}")
     _check(outcomes)

@@ -71,20 +71,6 @@ def clock() -> Clock:
     return Clock(BASE + 0.25)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A database holding no overrides: SQLite, or this session's PostgreSQL database."""
-    if request.param == "sqlite":
-        url: str = request.getfixturevalue("sqlite_url")
-        return url
-    url = request.getfixturevalue("pg_url")
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE quota_policies")
-    return url
-
-
 @pytest.fixture
 def workers(sqlite_url: str, clock: Clock) -> Iterator[tuple[Worker, Worker]]:
     pair = (Worker(sqlite_url, clock), Worker(sqlite_url, clock))
@@ -256,8 +242,8 @@ def test_an_override_that_changes_nothing_is_refused(sqlite_url: str, extra: lis
     assert _cli(sqlite_url, "list", "--json")[1].strip() == "[]"
 
 
-def test_set_policy_refuses_a_row_that_changes_nothing(db_url: str) -> None:
-    with quota.connect(db_url) as limiter:
+def test_set_policy_refuses_a_row_that_changes_nothing(sql_url: str) -> None:
+    with quota.connect(sql_url) as limiter:
         with pytest.raises(quota.ConfigurationError, match="at least one of"):
             set_policy(limiter, PolicyRow(route="api", note="nothing"))
         with pytest.raises(quota.ConfigurationError, match="algorithm"):
@@ -279,8 +265,8 @@ def test_a_store_without_the_table_is_named_by_the_cli() -> None:
 # -- deletions -----------------------------------------------------------------------------------
 
 
-def test_a_deletion_is_a_stamped_row_that_list_hides(db_url: str, clock: Clock) -> None:
-    with quota.connect(db_url, clock=clock) as limiter:
+def test_a_deletion_is_a_stamped_row_that_list_hides(sql_url: str, clock: Clock) -> None:
+    with quota.connect(sql_url, clock=clock) as limiter:
         set_policy(limiter, PolicyRow(route="api", rates="5/minute"))
         clock.advance(1)
         assert delete_policy(limiter, "api")
@@ -292,15 +278,15 @@ def test_a_deletion_is_a_stamped_row_that_list_hides(db_url: str, clock: Clock) 
         assert stamp[0] == clock.now
         set_policy(limiter, PolicyRow(route="api", rates="6/minute"))
         assert [r.rates for r in list_policies(limiter)] == ["6/minute"]
-    assert _cli(db_url, "delete", "api")[0] == 0
-    assert _cli(db_url, "delete", "api")[0] == 4
-    assert _cli(db_url, "list")[1].strip() == "no overrides"
+    assert _cli(sql_url, "delete", "api")[0] == 0
+    assert _cli(sql_url, "delete", "api")[0] == 4
+    assert _cli(sql_url, "list")[1].strip() == "no overrides"
 
 
 def test_old_deletion_rows_are_purged_when_the_table_is_next_edited(
-    db_url: str, clock: Clock
+    sql_url: str, clock: Clock
 ) -> None:
-    with quota.connect(db_url, clock=clock) as limiter:
+    with quota.connect(sql_url, clock=clock) as limiter:
         set_policy(limiter, PolicyRow(route="api", rates="5/minute"))
         set_policy(limiter, PolicyRow(route="web", rates="5/minute"))
         delete_policy(limiter, "api")

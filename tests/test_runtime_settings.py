@@ -79,25 +79,12 @@ def _truncate(url: str) -> None:
         conn.execute("TRUNCATE quota_counters, quota_state, quota_policies, quota_settings")
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A migrated database without overrides or settings: SQLite, or the session's PostgreSQL."""
-    if request.param == "sqlite":
-        yield request.getfixturevalue("sqlite_url")
-        return
-    url: str = request.getfixturevalue("pg_url")
-    _truncate(url)
-    yield url
-    _truncate(url)  # the session's database: leave no setting to other tests
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database (no quota tables): a SQLite path, or a new PostgreSQL database."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'fresh.db'}"
-    make: Callable[[], str] = request.getfixturevalue("pg_make_database")
-    return make()
+@pytest.fixture
+def db_url(sql_url: str, sql_dialect: str) -> Iterator[str]:
+    """`sql_url`: a migrated database without overrides or settings."""
+    yield sql_url
+    if sql_dialect == "postgresql":
+        _truncate(sql_url)  # the session's database: leave no setting to other tests
 
 
 @pytest.fixture(params=FRAMEWORKS)
@@ -367,28 +354,28 @@ def test_applying_changes_only_what_changed() -> None:
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["plain", "fallback"])
 def test_a_database_not_migrated_to_settings_keeps_its_policies(
-    framework: str, fresh_url: str, clock: Clock, fallback: bool,
+    framework: str, sql_empty_url: str, clock: Clock, fallback: bool,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    quota.migrate(fresh_url, revision="0004_policies")
+    quota.migrate(sql_empty_url, revision="0004_policies")
     clock.now = BASE + 0.25
-    with quota.connect(fresh_url, clock=clock) as admin:
+    with quota.connect(sql_empty_url, clock=clock) as admin:
         set_policy(admin, PolicyRow(route="api", rates="7/minute"))
         with pytest.raises(quota.SchemaError, match="quota_settings comes with revision"):
             set_setting(admin, "tier_multiplier.auth", 2)
-    assert _cli(fresh_url, "settings")[0] == 3
+    assert _cli(sql_empty_url, "settings")[0] == 3
 
     connect = quota.connect_async if framework == "starlette" else quota.connect
-    limiter = connect(fresh_url, clock=clock, fallback=fallback)
-    client = make_client(framework, fresh_url, clock, _config(), limiter=limiter)
+    limiter = connect(sql_empty_url, clock=clock, fallback=fallback)
+    client = make_client(framework, sql_empty_url, clock, _config(), limiter=limiter)
     try:
         with caplog.at_level(logging.INFO, logger="quota.http"):
             for _ in range(3):
                 assert _limit(client) == "7"
                 clock.advance(PERIOD)
             up = not fallback or limiter.store.up
-            quota.migrate(fresh_url)  # while the app runs
-            with quota.connect(fresh_url, clock=clock) as admin:
+            quota.migrate(sql_empty_url)  # while the app runs
+            with quota.connect(sql_empty_url, clock=clock) as admin:
                 set_setting(admin, "tier_multiplier.anon", 2)
             clock.advance(PERIOD)
             assert _limit(client) == "14", "the override's base rates, scaled by the setting"
@@ -501,13 +488,13 @@ def test_a_store_without_tables_is_named_by_the_cli() -> None:
 # -- migrations, doctor, downgrade -------------------------------------------------------------
 
 
-def test_migrate_then_doctor_is_clean_on_a_fresh_database(fresh_url: str) -> None:
+def test_migrate_then_doctor_is_clean_on_a_fresh_database(sql_empty_url: str) -> None:
     runner = CliRunner()
-    migrated = runner.invoke(main, ["--url", fresh_url, "migrate"])
+    migrated = runner.invoke(main, ["--url", sql_empty_url, "migrate"])
     assert migrated.exit_code == 0, migrated.output
-    assert quota.current_revision(fresh_url) == "0005_settings"
+    assert quota.current_revision(sql_empty_url) == "0005_settings"
 
-    result = runner.invoke(main, ["--url", fresh_url, "doctor", "--json"])
+    result = runner.invoke(main, ["--url", sql_empty_url, "doctor", "--json"])
     assert result.exit_code == 0, result.output
     findings = {f["check"]: f for f in json.loads(result.output)["findings"]}
     assert findings["schema"]["severity"] == "ok"
@@ -515,9 +502,9 @@ def test_migrate_then_doctor_is_clean_on_a_fresh_database(fresh_url: str) -> Non
     assert [f for f in findings.values() if f["severity"] == "error"] == []
 
 
-def test_doctor_on_a_database_before_settings_warns_and_names_the_table(fresh_url: str) -> None:
-    quota.migrate(fresh_url, revision="0004_policies")
-    findings = quota.diagnose(fresh_url)
+def test_doctor_on_a_database_before_settings_warns_and_names_the_table(sql_empty_url: str) -> None:
+    quota.migrate(sql_empty_url, revision="0004_policies")
+    findings = quota.diagnose(sql_empty_url)
     schema = next(f for f in findings if f.check == "schema")
     assert schema.severity == "ok"
     (drift,) = [f for f in findings if f.check == "schema_drift"]
@@ -536,20 +523,20 @@ def test_doctor_names_a_dropped_settings_table(tmp_path: Path) -> None:
     assert "CREATE TABLE quota_settings" in drift.fix
 
 
-def test_the_downgrade_guard_protects_settings_rows(fresh_url: str) -> None:
-    quota.migrate(fresh_url)
-    quota.downgrade(fresh_url, revision="0004_policies")  # empty: no flag needed
-    quota.migrate(fresh_url)
-    with quota.connect(fresh_url) as limiter:
+def test_the_downgrade_guard_protects_settings_rows(sql_empty_url: str) -> None:
+    quota.migrate(sql_empty_url)
+    quota.downgrade(sql_empty_url, revision="0004_policies")  # empty: no flag needed
+    quota.migrate(sql_empty_url)
+    with quota.connect(sql_empty_url) as limiter:
         set_setting(limiter, "abuse_threshold", 5)
     with pytest.raises(quota.ConfigurationError, match=r"quota_settings \(1 rows\)"):
-        quota.downgrade(fresh_url, revision="0004_policies")
-    assert quota.current_revision(fresh_url) == "0005_settings"
-    result = CliRunner().invoke(main, ["--url", fresh_url, "downgrade", "0004_policies"])
+        quota.downgrade(sql_empty_url, revision="0004_policies")
+    assert quota.current_revision(sql_empty_url) == "0005_settings"
+    result = CliRunner().invoke(main, ["--url", sql_empty_url, "downgrade", "0004_policies"])
     assert result.exit_code == 2
     assert "quota_settings (1 rows)" in result.output
-    quota.downgrade(fresh_url, revision="0004_policies", drop_data=True)
-    assert quota.current_revision(fresh_url) == "0004_policies"
+    quota.downgrade(sql_empty_url, revision="0004_policies", drop_data=True)
+    assert quota.current_revision(sql_empty_url) == "0004_policies"
 
 
 def test_the_runtime_policies_cache_owns_the_settings() -> None:

@@ -19,6 +19,7 @@ from alembic.script import ScriptDirectory
 
 import quota
 from tests._support import POSTGRES_FACES, SQLITE_FACES, OpenBackend
+from tests.conftest import SQL_DIALECTS, backend_params, dialect_of, new_sql_database
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,48 +48,16 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-    ]
-)
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A database without the quota tables: a new SQLite file, or a new PostgreSQL database."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'fresh.db'}"
-    make: Callable[[], str] = request.getfixturevalue("pg_make_database")
-    return make()
-
-
-def _faces(*names: str) -> list[object]:
-    params = []
-    for name in names:
-        marks: list[pytest.MarkDecorator] = []
-        if name in POSTGRES_FACES:
-            marks.append(pytest.mark.postgres)
-        params.append(pytest.param(name, id=name, marks=marks))
-    return params
-
-
-def _empty_url_for(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if name in SQLITE_FACES:
-        return f"sqlite:///{tmp_path / 'fresh.db'}"
-    make: Callable[[], str] = request.getfixturevalue("pg_make_database")
-    return make()
-
-
 # --- no DDL at runtime ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", _faces(*SQLITE_FACES, *POSTGRES_FACES))
+@pytest.mark.parametrize("name", backend_params(*SQLITE_FACES, *POSTGRES_FACES))
 def test_a_limiter_on_an_unmigrated_database_raises_schema_error_naming_quota_migrate(
     name: str,
     request: pytest.FixtureRequest,
-    tmp_path: Path,
     open_backend: OpenBackend,
 ) -> None:
-    url = _empty_url_for(name, request, tmp_path)
+    url = new_sql_database(request, dialect_of(name), revision=None)
     backend = open_backend(name, url)
 
     for call in (lambda: backend.rate_limit("k", 1, 60), lambda: backend.peek("k", 1, 60)):
@@ -102,7 +71,7 @@ def test_a_limiter_on_an_unmigrated_database_raises_schema_error_naming_quota_mi
 
 @pytest.mark.parametrize(
     "name",
-    _faces(
+    backend_params(
         *SQLITE_FACES,
         *POSTGRES_FACES,
     ),
@@ -110,10 +79,9 @@ def test_a_limiter_on_an_unmigrated_database_raises_schema_error_naming_quota_mi
 def test_a_missing_counters_table_is_a_schema_error_chained_to_the_driver_error(
     name: str,
     request: pytest.FixtureRequest,
-    tmp_path: Path,
     open_backend: OpenBackend,
 ) -> None:
-    url = _empty_url_for(name, request, tmp_path)
+    url = new_sql_database(request, dialect_of(name), revision=None)
     quota.migrate(url)
     engine = sa.create_engine(_sa_url(url), poolclass=sa.NullPool)
     with engine.begin() as conn:
@@ -140,55 +108,57 @@ def test_a_missing_counters_table_is_a_schema_error_chained_to_the_driver_error(
 # --- migrations -------------------------------------------------------------------------
 
 
-def test_upgrade_downgrade_upgrade(empty_url: str, head: str, open_backend: OpenBackend) -> None:
-    name = "postgresql-sync" if empty_url.startswith("postgresql") else "sqlite-sync"
-    assert quota.current_revision(empty_url) is None
+def test_upgrade_downgrade_upgrade(
+    sql_empty_url: str, head: str, open_backend: OpenBackend
+) -> None:
+    name = "postgresql-sync" if sql_empty_url.startswith("postgresql") else "sqlite-sync"
+    assert quota.current_revision(sql_empty_url) is None
 
-    quota.migrate(empty_url)
-    assert quota.current_revision(empty_url) == head
-    assert {"quota_counters", "quota_alembic_version"} <= _tables(empty_url)
-    first = open_backend(name, empty_url)
+    quota.migrate(sql_empty_url)
+    assert quota.current_revision(sql_empty_url) == head
+    assert {"quota_counters", "quota_alembic_version"} <= _tables(sql_empty_url)
+    first = open_backend(name, sql_empty_url)
     assert first.rate_limit("k", 1, 60).allowed
     first.close()
 
-    quota.downgrade(empty_url, revision="base")
-    assert quota.current_revision(empty_url) is None
-    assert "quota_counters" not in _tables(empty_url)
+    quota.downgrade(sql_empty_url, revision="base")
+    assert quota.current_revision(sql_empty_url) is None
+    assert "quota_counters" not in _tables(sql_empty_url)
     with pytest.raises(quota.SchemaError, match="quota migrate"):
-        open_backend(name, empty_url).rate_limit("k", 1, 60)
+        open_backend(name, sql_empty_url).rate_limit("k", 1, 60)
 
-    quota.migrate(empty_url)
-    assert quota.current_revision(empty_url) == head
-    again = open_backend(name, empty_url).rate_limit("k", 1, 60)
+    quota.migrate(sql_empty_url)
+    assert quota.current_revision(sql_empty_url) == head
+    again = open_backend(name, sql_empty_url).rate_limit("k", 1, 60)
     assert again.allowed
     assert again.count == 1
 
 
 def test_upgrading_again_is_a_no_op_that_keeps_counters(
-    empty_url: str, head: str, open_backend: OpenBackend
+    sql_empty_url: str, head: str, open_backend: OpenBackend
 ) -> None:
-    name = "postgresql-sync" if empty_url.startswith("postgresql") else "sqlite-sync"
-    quota.migrate(empty_url)
-    backend = open_backend(name, empty_url)
+    name = "postgresql-sync" if sql_empty_url.startswith("postgresql") else "sqlite-sync"
+    quota.migrate(sql_empty_url)
+    backend = open_backend(name, sql_empty_url)
     for _ in range(3):
         backend.rate_limit("k", 10, 60)
 
-    quota.migrate(empty_url)
-    quota.migrate(empty_url, revision="head")
+    quota.migrate(sql_empty_url)
+    quota.migrate(sql_empty_url, revision="head")
 
-    assert quota.current_revision(empty_url) == head
+    assert quota.current_revision(sql_empty_url) == head
     assert backend.peek("k", 10, 60).count == 3
 
 
 def test_our_version_table_leaves_the_host_apps_alembic_history_alone(
-    empty_url: str, head: str
+    sql_empty_url: str, head: str
 ) -> None:
-    engine = sa.create_engine(_sa_url(empty_url), poolclass=sa.NullPool)
+    engine = sa.create_engine(_sa_url(sql_empty_url), poolclass=sa.NullPool)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
         conn.execute(sa.text("INSERT INTO alembic_version VALUES ('hostapp0042')"))
 
-    quota.migrate(empty_url)
+    quota.migrate(sql_empty_url)
 
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).all() == [
@@ -201,10 +171,10 @@ def test_our_version_table_leaves_the_host_apps_alembic_history_alone(
 
 
 def test_migrate_takes_a_sqlalchemy_connection_and_leaves_it_open(
-    empty_url: str, head: str, open_backend: OpenBackend
+    sql_empty_url: str, head: str, open_backend: OpenBackend
 ) -> None:
-    name = "postgresql-sync" if empty_url.startswith("postgresql") else "sqlite-sync"
-    engine = sa.create_engine(_sa_url(empty_url), poolclass=sa.NullPool)
+    name = "postgresql-sync" if sql_empty_url.startswith("postgresql") else "sqlite-sync"
+    engine = sa.create_engine(_sa_url(sql_empty_url), poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:
             quota.migrate(conn)
@@ -214,8 +184,8 @@ def test_migrate_takes_a_sqlalchemy_connection_and_leaves_it_open(
     finally:
         engine.dispose()
 
-    assert quota.current_revision(empty_url) == head
-    assert open_backend(name, empty_url).rate_limit("k", 1, 60).allowed
+    assert quota.current_revision(sql_empty_url) == head
+    assert open_backend(name, sql_empty_url).rate_limit("k", 1, 60).allowed
 
 
 def test_rendering_sql_for_sqlite_runs_nothing(tmp_path: Path) -> None:
@@ -394,9 +364,9 @@ _SQLITE_BLIND = [
 
 
 @pytest.mark.filterwarnings(*_SQLITE_BLIND)
-def test_autogenerate_finds_no_difference_on_a_migrated_database(empty_url: str) -> None:
-    quota.migrate(empty_url)
-    assert _autogenerate_diff(empty_url) == []
+def test_autogenerate_finds_no_difference_on_a_migrated_database(sql_empty_url: str) -> None:
+    quota.migrate(sql_empty_url)
+    assert _autogenerate_diff(sql_empty_url) == []
 
 
 @pytest.mark.postgres
@@ -461,7 +431,7 @@ def _create_all_sql(dialect: str) -> list[str]:
     return emitted
 
 
-@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("dialect", SQL_DIALECTS)
 def test_the_metadata_creates_what_the_migrations_create(dialect: str) -> None:
     """Every table and index, as the migrations create them (UNLOGGED and the storage
     settings aside: the metadata does not model them), and nothing more. Covers what
@@ -575,15 +545,14 @@ def test_the_command_a_drift_error_names_reports_the_missing_table(
     assert "CREATE TABLE quota_state" in result.output
 
 
-@pytest.mark.parametrize("name", _faces(*SQLITE_FACES, *POSTGRES_FACES))
+@pytest.mark.parametrize("name", backend_params(*SQLITE_FACES, *POSTGRES_FACES))
 def test_a_table_missing_at_head_is_schema_drift_pointing_at_doctor(
     name: str,
     request: pytest.FixtureRequest,
-    tmp_path: Path,
     open_backend: OpenBackend,
     head: str,
 ) -> None:
-    url = _empty_url_for(name, request, tmp_path)
+    url = new_sql_database(request, dialect_of(name), revision=None)
     quota.migrate(url)
     engine = sa.create_engine(_sa_url(url), poolclass=sa.NullPool)
     with engine.begin() as conn:

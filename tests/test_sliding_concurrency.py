@@ -24,7 +24,7 @@ import pytest
 import quota
 from tests import _workers
 from tests._support import window_start
-from tests.conftest import store_url
+from tests.conftest import SQL_DIALECTS, backend_params, store_url
 
 pytestmark = pytest.mark.slow
 
@@ -76,14 +76,7 @@ async def _hammer(barrier: Any, url: str, offset: float) -> dict[int, int]:
     return dict(admitted)
 
 
-@pytest.mark.parametrize(
-    "dialect",
-    [
-        "sqlite",
-        pytest.param("postgresql", marks=pytest.mark.postgres),
-        pytest.param("redis", marks=pytest.mark.redis),
-    ],
-)
+@pytest.mark.parametrize("dialect", backend_params(*SQL_DIALECTS, "redis"))
 def test_no_window_admits_over_the_limit_when_clocks_skew_by_milliseconds(
     request: pytest.FixtureRequest, dialect: str
 ) -> None:

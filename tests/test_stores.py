@@ -16,6 +16,7 @@ import quota
 from quota import _redis
 from quota._memory import MemoryStore
 from tests._support import T0, Clock
+from tests.conftest import backend_params
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "gcra")
 
@@ -130,7 +131,7 @@ def test_memory_is_exact_under_asyncio_tasks() -> None:
 # -- what neither memory nor Redis keeps -----------------------------------------------------
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(params=backend_params("memory", "redis"))
 def schemaless_url(request: pytest.FixtureRequest) -> str:
     return "memory://" if request.param == "memory" else str(request.getfixturevalue("redis_url"))
 
