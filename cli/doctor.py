@@ -13,7 +13,7 @@ import sys
 import click
 
 import quota
-from quota._doctor import ERROR, OK, WARN, display_url
+from quota._tools.doctor import ERROR, OK, WARN, display_url
 
 from .main import EXIT_ERROR, EXIT_USAGE, Number, main, url_option
 

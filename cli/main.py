@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 import click
 
 import quota
-from quota import _ops
-from quota._core import parse_duration
-from quota._url import DEFAULT_URL, ENV_VAR, parse_url, redact
+from quota._core.decision import parse_duration
+from quota._sql import ops as _ops
+from quota._stores.url import DEFAULT_URL, ENV_VAR, parse_url, redact
 
 EXIT_OK = 0
 EXIT_CRASH = 1
@@ -638,7 +638,7 @@ def demo(ctx: click.Context, clients: int) -> None:
     Creates and migrates the database if needed (the embedded SQLite file by
     default), runs anonymous and authenticated clients at once, then cleans up.
     """
-    from quota._demo import run_demo
+    from quota._tools.demo import run_demo
 
     with _errors():
         run_demo(_url(ctx), clients=clients, echo=click.echo)
@@ -677,16 +677,6 @@ def demo(ctx: click.Context, clients: int) -> None:
     help="What the rate scenario's quota side runs; the bare side stays the fixed-window upsert.",
 )  # fmt: skip
 @click.option(
-    "--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
-    help="Run the batching report instead (1/8/64/256 callers, distinct keys and one hot key,"
-    " bare driver / one by one / batched, on SQLite and on --url if PostgreSQL; cleanup of"
-    " 1,000,000 rows): print a table, write report.json and PNG plots into this directory.",
-)  # fmt: skip
-@click.option(
-    "--cleanup-rows", type=WHOLE, default=1_000_000, show_default=True,
-    help="With --report: expired rows the cleanup scenario removes.",
-)  # fmt: skip
-@click.option(
     "--fallback", is_flag=True,
     help="Compare quota with fallback=True against quota without: the resilience layer's"
     " cost on a healthy store (rate scenario).",
@@ -708,8 +698,6 @@ def bench(
     face: str,
     scenario: str,
     algorithm: str,
-    report_dir: Path | None,
-    cleanup_rows: int,
     fallback: bool,
     pool_size: int | None,
     progress: bool | None,
@@ -718,12 +706,11 @@ def bench(
     """Decisions per second of quota beside the bare driver running the same statements.
 
     Runs against --url (migrating it first). Prints both rates and their
-    ratio, medians of --runs alternating runs. With --report DIR, runs the
-    batching report (--duration and --runs per measurement) instead.
+    ratio, medians of --runs alternating runs.
     A line per run on stderr tells how far it got (on a terminal, or with
     --progress).
     """
-    from quota._bench import run_bench
+    from quota._tools.bench import run_bench
 
     show = _wants_progress(progress)
 
@@ -731,18 +718,6 @@ def bench(
         if show:
             click.echo(line, err=True)
 
-    if report_dir is not None:
-        from quota._bench_report import run_report
-
-        url = _url(ctx)
-        with _errors():
-            pg = url if quota._url.parse_url(url).dialect == "postgresql" else None
-            result = run_report(
-                pg, report_dir, duration=duration, runs=runs, cleanup_rows=cleanup_rows,
-                echo=say,
-            )  # fmt: skip
-        _emit(result, as_json, result["table"])
-        return
     with _errors():
         report = run_bench(
             _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face,

@@ -18,8 +18,8 @@ from typing import Any
 import click
 
 import quota
-from quota._core import parse_duration
-from quota._periods import CALENDAR
+from quota._core.decision import parse_duration
+from quota._core.periods import CALENDAR
 
 from .main import (
     WHOLE,

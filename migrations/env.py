@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 from alembic import context
 
-from quota._migrate import run_env
+from quota._sql.migrate import run_env
 
 if TYPE_CHECKING:
     from alembic.runtime.environment import EnvironmentContext

@@ -16,18 +16,13 @@ See the documentation (docs/) for the async face, migrations and the CLI.
 
 from __future__ import annotations
 
-from quota._abuse import AbuseDetector
-from quota._algorithms import ALGORITHMS, Rate
-from quota._core import Decision
-from quota._default import rate_limit, rate_limit_async
-from quota._doctor import Finding, diagnose
-from quota._errors import ConfigurationError, Overloaded, QuotaError, SchemaError, StorageError
+from quota._core.algorithms import ALGORITHMS, Rate
+from quota._core.decision import Decision
+from quota._core.errors import ConfigurationError, Overloaded, QuotaError, SchemaError, StorageError
+from quota._core.rates import parse_rates
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
-from quota._metrics import Metrics
-from quota._migrate import current_revision, downgrade, migrate
-from quota._ops import CleanupResult, Usage
-from quota._policy import parse_rates
-from quota._quotas import (
+from quota._limiter.default import rate_limit, rate_limit_async
+from quota._limiter.quotas import (
     CheckDecision,
     LedgerEntry,
     QuotaDecision,
@@ -36,9 +31,14 @@ from quota._quotas import (
     RateWindow,
     RefundResult,
 )
-from quota._resilience import Fallback
-from quota._shedding import ConcurrencyGuard, SheddingMiddleware
-from quota._url import default_url
+from quota._sql.migrate import current_revision, downgrade, migrate
+from quota._sql.ops import CleanupResult, Usage
+from quota._stores.url import default_url
+from quota._tools.doctor import Finding, diagnose
+from quota._wrappers.abuse import AbuseDetector
+from quota._wrappers.fallback import Fallback
+from quota._wrappers.metrics import Metrics
+from quota.http.shedding import ConcurrencyGuard, SheddingMiddleware
 
 __version__ = "0.1.0"
 

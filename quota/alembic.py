@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from quota._schema import metadata
-from quota._sql import VERSION_TABLE
+from quota._sql.schema import metadata
+from quota._sql.statements import VERSION_TABLE
 
 __all__ = ["TABLES", "include_name", "include_object", "is_quota_table"]
 

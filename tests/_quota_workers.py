@@ -105,7 +105,8 @@ def consume_and_stall(url: str, subject: str, ready: Any, now: float) -> None:
     """
     import threading
 
-    from quota import _postgres, _sqlite
+    from quota._stores import postgres as _postgres
+    from quota._stores import sqlite as _sqlite
 
     module: Any = _sqlite if url.startswith("sqlite") else _postgres
     original = module.drive

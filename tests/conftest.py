@@ -289,8 +289,8 @@ def _empty_quota_tables(url: str) -> None:
     """
     import psycopg
 
-    from quota._schema import TABLES
-    from quota._sql import VERSION_TABLE
+    from quota._sql.schema import TABLES
+    from quota._sql.statements import VERSION_TABLE
 
     tables = [table for table in TABLES if table != VERSION_TABLE]
     holding_rows = " UNION ALL ".join(

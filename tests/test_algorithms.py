@@ -13,7 +13,7 @@ import math
 import pytest
 
 import quota
-from quota._algorithms import EXPIRY_GRANULARITY
+from quota._core.algorithms import EXPIRY_GRANULARITY
 from tests._support import Backend, window_start
 
 OTHERS = ("sliding_window", "token_bucket", "gcra")

@@ -5,7 +5,7 @@ from a small set, an algorithm, a limit, a window, a burst, a cost; now and
 then a peek or a reset) and replays each against every store on one
 injected clock. Every decision must be the same everywhere: allowed,
 remaining, retry_after, reset_at and count, all of them. The stores share
-no code beyond `quota._algorithms`: the SQL runs its own arithmetic in the
+no code beyond `quota._core.algorithms`: the SQL runs its own arithmetic in the
 database, Redis in Lua, so this is what holds them to one semantics.
 """
 

@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from quota._cli import main
 
 import quota
-from quota import _quotas
-from quota._core import parse_duration
-from quota._url import parse_url, redact
+from quota._core.decision import parse_duration
+from quota._limiter import quotas as _quotas
+from quota._stores.url import parse_url, redact
 from quota.http import HttpConfig, RoutePolicy, sign
 from quota.http._identity import verify_signature
 from tests._http_support import FRAMEWORKS, make_client

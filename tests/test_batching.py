@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 
 import quota
-from quota import _sql
-from quota._batch import (
+from quota._core.decision import stored_key as quota_stored_key
+from quota._sql import statements as _sql
+from quota._stores.base import Rows, Step
+from quota._wrappers.batching import (
     SQLITE_MAX_BATCH,
     AsyncBatchingStore,
     BatchingStore,
@@ -31,8 +33,6 @@ from quota._batch import (
     is_batch_statement,
     split_counts,
 )
-from quota._core import stored_key as quota_stored_key
-from quota._store import Rows, Step
 from tests import _batch_workers, _workers
 from tests._support import Backend, Clock
 from tests.conftest import backend_params, dialect_of, store_url

@@ -13,9 +13,9 @@ from click.testing import CliRunner, Result
 from quota._cli import main
 
 import quota
-from quota import _sql
-from quota._algorithms import state_key
-from quota._bench import WINDOW
+from quota._core.algorithms import state_key
+from quota._sql import statements as _sql
+from quota._tools.bench import WINDOW
 from tests.conftest import backend_params
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "gcra")
@@ -84,7 +84,7 @@ def test_bench_rejects_an_unknown_algorithm_and_one_outside_the_rate_scenario(
     sqlite_url: str,
 ) -> None:
     assert bench(sqlite_url, "--algorithm", "leaky").exit_code == 2
-    from quota._bench import run_bench
+    from quota._tools.bench import run_bench
 
     with pytest.raises(quota.ConfigurationError, match="algorithm must be one of"):
         run_bench(sqlite_url, algorithm="leaky")

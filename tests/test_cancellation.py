@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import quota
-from quota._core import stored_key
+from quota._core.decision import stored_key
 from tests._support import Clock
 from tests.conftest import backend_params, dialect_of, store_url
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import quota
-from quota._sql import CLEANUP_LOCK_ID
+from quota._sql.statements import CLEANUP_LOCK_ID
 from tests import _workers
 from tests._support import Backend, Clock
 
@@ -195,8 +195,8 @@ def test_partition_maintenance_sets_nothing_on_the_session_even_when_a_statement
     """Cleanup's DDL runs with ``synchronous_commit = off`` and a lock timeout on a
     pooled connection: a failing DETACH must not leave either behind (a durable
     quota transaction on that connection would then commit without waiting)."""
-    from quota import _partitions
-    from quota._store import drive
+    from quota._sql import partitions as _partitions
+    from quota._stores.base import drive
 
     now = 1_750_003_200 + 5 * _partitions.PARTITION_SECONDS
     old = 1_750_003_200

@@ -108,7 +108,7 @@ def test_the_module_level_functions_use_the_configured_database(
     """`quota.rate_limit` and `rate_limit_async` share one default limiter on $QUOTA_DATABASE_URL."""
     import asyncio
 
-    from quota import _default
+    from quota._limiter import default as _default
 
     url = f"sqlite:///{tmp_path / 'default.db'}"
     quota.migrate(url)

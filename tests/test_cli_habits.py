@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 from quota._cli import main
 
 import quota
-from quota import _ops
+from quota._sql import ops as _ops
 
 SECRET = "habits-hash-secret-0123456789"
 

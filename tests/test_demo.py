@@ -81,7 +81,7 @@ def test_the_demo_never_prints_the_password(pg_clean_url: str) -> None:
         netloc=f"{parts.username or 'root'}:not-the-password@{parts.hostname}:{parts.port or 5432}"
     ).geturl()
     lines: list[str] = []
-    from quota._demo import run_demo
+    from quota._tools.demo import run_demo
 
     run_demo(with_password, echo=lines.append)  # trust auth: any password is accepted
     assert not any("not-the-password" in line for line in lines), lines

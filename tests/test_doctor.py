@@ -12,9 +12,9 @@ from click.testing import CliRunner, Result
 from quota._cli import main
 
 import quota
-from quota import _doctor
-from quota._doctor import ERROR, OK, WARN
-from quota._schema import REQUIRED, REVISIONS
+from quota._sql.schema import REQUIRED, REVISIONS
+from quota._tools import doctor as _doctor
+from quota._tools.doctor import ERROR, OK, WARN
 
 UNREACHABLE = "postgresql://root:sekrit@127.0.0.1:1/test"
 

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 from quota._cli import main
 
 import quota
-from quota import _doctor, _schema
-from quota._doctor import ERROR, OK, WARN
-from quota._schema import REVISIONS
+from quota._sql import schema as _schema
+from quota._sql.schema import REVISIONS
+from quota._tools import doctor as _doctor
+from quota._tools.doctor import ERROR, OK, WARN
 from tests.conftest import SQL_DIALECTS
 
 #: The newest revision of the migrations that ship with the package.
@@ -542,7 +543,7 @@ def test_a_newer_schema_is_not_compared() -> None:
 
 
 def test_partitions_that_disagree_warn() -> None:
-    from quota._doctor import Partition
+    from quota._tools.doctor import Partition
 
     partitions = [
         Partition("quota_counters_default", True, "u", 70),

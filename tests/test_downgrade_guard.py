@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import quota
-from quota._schema import REVISIONS
+from quota._sql.schema import REVISIONS
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

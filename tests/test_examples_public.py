@@ -90,7 +90,7 @@ def _examples() -> list[Path]:
 
 def test_there_are_examples_to_check() -> None:
     names = {path.name for path in _examples()}
-    assert {"fastapi_app.py", "flask_app.py", "bench_drop_alone.py"} <= names
+    assert {"fastapi_app.py", "flask_app.py"} <= names
 
 
 @pytest.mark.parametrize("path", _examples(), ids=lambda path: path.name)
@@ -101,22 +101,23 @@ def test_an_example_uses_only_public_names(path: Path) -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "from quota._url import default_url",
-        "from quota._bench_report import under_load as run",
-        "import quota._migrate",
-        "import quota._migrate as m",
-        "from quota import _bench_report",
-        "from quota import _bench_report as br",
-        "import quota\nquota._url.default_url()",
-        "import quota as q\nq._migrate.migrate()",
+        "from quota._stores.url import default_url",
+        "from quota._tools.bench import run_bench as run",
+        "import quota._sql.migrate",
+        "import quota._sql.migrate as m",
+        "from quota import _tools",
+        "from quota import _tools as t",
+        "from quota._sql import statements",
+        "import quota\nquota._stores.url.default_url()",
+        "import quota as q\nq._sql.migrate.migrate()",
         "import quota.http\nquota.http._core.Guard",
         "from quota.http import _core",
         "from quota.http._responses import PolicyShape",
         "from quota import http\nhttp._responses",
         "from quota import Limiter\nLimiter._private_helper",
-        "import importlib\nimportlib.import_module('quota._url')",
+        "import importlib\nimportlib.import_module('quota._stores.url')",
         "__import__('quota.http._core')",
-        "def f():\n    from quota._core import Decision\n    return Decision",
+        "def f():\n    from quota._core.decision import Decision\n    return Decision",
     ],
 )
 def test_the_check_catches_every_form_of_private_use(source: str) -> None:

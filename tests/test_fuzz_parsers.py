@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import quota
-from quota._core import parse_duration
-from quota._url import KNOWN_SCHEMES, parse_url, redact
+from quota._core.decision import parse_duration
+from quota._stores.url import KNOWN_SCHEMES, parse_url, redact
 from quota.http import HttpConfig, RoutePolicy, sign
 from quota.http._core import Guard
 from quota.http._identity import (

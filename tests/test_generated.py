@@ -1,6 +1,6 @@
 """What is derived from one source stays in step with it.
 
-* `quota/_limiter_sync.py` is generated from `quota/_limiter_async.py` by
+* `quota/_limiter/sync_face.py` is generated from `quota/_limiter/async_face.py` by
   unasyncd (``[tool.unasyncd]`` in pyproject.toml): regenerated here into a
   temporary directory, it must be the file in the tree, to the byte, so a hand
   edit or a forgotten ``unasyncd`` fails.
@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 
 import quota
-from quota._limiter_base import STORES, OptionsDict
-from quota._url import KNOWN_SCHEMES, parse_url
+from quota._limiter.base import STORES, OptionsDict
+from quota._stores.url import KNOWN_SCHEMES, parse_url
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = "quota/_limiter_async.py"
-GENERATED = "quota/_limiter_sync.py"
+SOURCE = "quota/_limiter/async_face.py"
+GENERATED = "quota/_limiter/sync_face.py"
 
 
 def test_the_sync_limiter_is_generated_from_the_async_one(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from alembic import command
 from alembic.config import Config
 
 import quota
-from quota._schema import REVISIONS
+from quota._sql.schema import REVISIONS
 
 HOST_REVISION = '''
 """host: users and orders"""

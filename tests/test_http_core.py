@@ -17,8 +17,8 @@ import pytest
 
 import quota
 import quota.http
-from quota._algorithms import Rate
-from quota._core import Decision
+from quota._core.algorithms import Rate
+from quota._core.decision import Decision
 from quota.http import (
     HttpConfig,
     Identity,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import quota
-from quota._core import Decision
+from quota._core.decision import Decision
 from quota.http import (
     EXPOSE_HEADERS,
     HttpConfig,

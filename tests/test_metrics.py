@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 import quota
-from quota._metrics import LATENCY_BUCKETS, OTHER
+from quota._wrappers.metrics import LATENCY_BUCKETS, OTHER
 
 
 def test_decisions_are_counted_by_outcome_source_route_and_tier() -> None:

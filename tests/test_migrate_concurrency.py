@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import quota
-from quota._schema import REVISIONS
+from quota._sql.schema import REVISIONS
 
 RUNS = 8
 

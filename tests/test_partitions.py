@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 import quota
-from quota import _partitions
+from quota._sql import partitions as _partitions
 from tests._support import Clock
 
 pytestmark = pytest.mark.postgres
@@ -286,7 +286,7 @@ def test_a_hit_during_the_move_waits_and_counts_on_in_the_new_partition(part_url
 
     import psycopg
 
-    from quota import _sql
+    from quota._sql import statements as _sql
 
     H = A + 3 * DAY
     clock = Clock(A + 10)

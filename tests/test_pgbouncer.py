@@ -32,8 +32,8 @@ from click.testing import CliRunner
 from quota._cli import main
 
 import quota
-from quota._schema import HEAD
-from quota._sql import CLEANUP_LOCK_ID
+from quota._sql.schema import HEAD
+from quota._sql.statements import CLEANUP_LOCK_ID
 from tests import _pgbouncer_workers, _workers
 from tests._pgbouncer import running_pgbouncer
 

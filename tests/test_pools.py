@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 
 import quota
-from quota._errors import StorageError
-from quota._pool import PoolTimeout, SyncPool
+from quota._core.errors import StorageError
+from quota._stores.pool import PoolTimeout, SyncPool
 
 #: The role's connection limit: above every pool size used here, far below 200 threads.
 ROLE_LIMIT = 8

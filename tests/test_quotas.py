@@ -25,7 +25,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import quota
-from quota import _periods
+from quota._core import periods as _periods
 from tests import _quota_workers, _workers
 from tests._support import Backend, Clock
 
@@ -1312,7 +1312,7 @@ def test_refund_racing_a_consume_of_the_same_key_never_deadlocks(pg_url: str) ->
 def test_a_transaction_the_database_rolled_back_for_another_is_run_again() -> None:
     """deadlock_detected / serialization_failure: nothing was written, so the operation runs
     again from scratch (made anew by `again`); any other error is raised."""
-    from quota import _quotas
+    from quota._limiter import quotas as _quotas
 
     class Refused(Exception):
         def __init__(self, sqlstate: str) -> None:

@@ -196,7 +196,7 @@ def test_bench_runs_the_quota_scenarios_beside_the_bare_driver(
 
 def test_bench_rejects_an_unknown_scenario(sqlite_url: str) -> None:
     assert run(sqlite_url, "bench", "--scenario", "nope").exit_code == 2
-    from quota._bench import run_bench
+    from quota._tools.bench import run_bench
 
     with pytest.raises(quota.ConfigurationError, match="scenario"):
         run_bench(sqlite_url, scenario="nope")

@@ -316,7 +316,7 @@ def test_the_async_postgres_store_survives_a_schema_change_under_its_prepared_st
 
 # --- the metadata is what the migrations make ---------------------------------------------
 #
-# `quota._schema.metadata` is Alembic's target_metadata and the source of what
+# `quota._sql.schema.metadata` is Alembic's target_metadata and the source of what
 # `quota doctor` expects. Autogenerate compares it with a freshly migrated database;
 # where autogenerate is blind (an expression index SQLAlchemy cannot reflect on SQLite,
 # storage options, primary keys), the SQL the migrations write offline is compared with
@@ -333,7 +333,7 @@ def _autogenerate_diff(url: str) -> list[object]:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from quota import _schema
+    from quota._sql import schema as _schema
 
     engine = sa.create_engine(_sa_url(url), poolclass=sa.NullPool)
     try:
@@ -391,7 +391,7 @@ def test_autogenerate_without_filters_on_postgresql(pg_make_database: Callable[[
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from quota._schema import metadata
+    from quota._sql.schema import metadata
 
     url = pg_make_database()
     quota.migrate(url)
@@ -419,7 +419,7 @@ def _offline_sql(dialect: str) -> list[str]:
 
 def _create_all_sql(dialect: str) -> list[str]:
     """The statements ``metadata.create_all`` would run on `dialect`."""
-    from quota._schema import metadata
+    from quota._sql.schema import metadata
 
     emitted: list[str] = []
 
@@ -445,8 +445,8 @@ def test_the_metadata_creates_what_the_migrations_create(dialect: str) -> None:
 
 
 def test_the_table_revisions_are_the_migrations() -> None:
-    from quota._doctor import migration_ddl
-    from quota._schema import TABLE_REVISIONS, TABLES
+    from quota._sql.schema import TABLE_REVISIONS, TABLES
+    from quota._tools.doctor import migration_ddl
 
     ddl = migration_ddl("sqlite")
     assert set(TABLE_REVISIONS) == set(TABLES)
@@ -454,7 +454,7 @@ def test_the_table_revisions_are_the_migrations() -> None:
 
 
 def test_the_autogenerate_filters() -> None:
-    from quota._schema import include_name, include_object
+    from quota._sql.schema import include_name, include_object
 
     assert include_name("quota_counters", "table", {})
     assert not include_name("quota_counters_p1796180400", "table", {})
@@ -473,7 +473,7 @@ def test_the_autogenerate_filters() -> None:
 
 
 def test_a_missing_table_without_a_version_table_says_to_migrate() -> None:
-    from quota._schema import missing_objects_error
+    from quota._sql.schema import missing_objects_error
 
     error = missing_objects_error("sqlite:///q.db", "no such table: quota_state", None)
     assert isinstance(error, quota.SchemaError)
@@ -485,7 +485,7 @@ def test_a_missing_table_without_a_version_table_says_to_migrate() -> None:
 
 
 def test_a_missing_table_behind_head_says_to_migrate() -> None:
-    from quota._schema import REQUIRED, REVISIONS, missing_objects_error
+    from quota._sql.schema import REQUIRED, REVISIONS, missing_objects_error
 
     error = missing_objects_error(
         "postgresql://app:pw@db/app", 'relation "quota_state" does not exist', [(REVISIONS[1],)]
@@ -497,7 +497,7 @@ def test_a_missing_table_behind_head_says_to_migrate() -> None:
 
 
 def test_a_missing_table_at_head_is_drift_and_points_at_doctor(head: str) -> None:
-    from quota._schema import missing_objects_error
+    from quota._sql.schema import missing_objects_error
 
     error = missing_objects_error(
         "postgresql://app:pw@db/app", 'relation "quota_state" does not exist', [(head,)]
@@ -511,7 +511,7 @@ def test_a_missing_table_at_head_is_drift_and_points_at_doctor(head: str) -> Non
 
 
 def test_a_missing_table_under_newer_code_says_to_upgrade_quota() -> None:
-    from quota._schema import missing_objects_error
+    from quota._sql.schema import missing_objects_error
 
     error = missing_objects_error(None, "no such table: quota_state", [("9999_future",)])
     assert "9999_future" in str(error)
@@ -526,7 +526,7 @@ def test_the_command_a_drift_error_names_reports_the_missing_table(
     from click.testing import CliRunner
     from quota._cli import main
 
-    from quota._schema import missing_objects_error
+    from quota._sql.schema import missing_objects_error
 
     url = f"sqlite:///{tmp_path / 'drift.db'}"
     quota.migrate(url)

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 import quota
-from quota._schema import REVISIONS
+from quota._sql.schema import REVISIONS
 
 
 def _tables(url: str, schema: str) -> set[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import quota
-from quota._shedding import ENV_CEILING, ENV_RETRY_AFTER, Message, Scope
+from quota.http.shedding import ENV_CEILING, ENV_RETRY_AFTER, Message, Scope
 
 WAIT = 10.0  # seconds: the bound on every wait for an event
 C = 4  # the ceiling
@@ -489,8 +489,9 @@ def test_the_middleware_answers_503_with_retry_after_above_the_ceiling(outcome: 
     for sent in rejected:
         headers = _headers(sent)
         assert headers[b"retry-after"] == b"9"
-        assert headers[b"content-type"] == b"application/json"
+        assert headers[b"content-type"] == b"application/problem+json"
         body = json.loads(sent[1]["body"])
+        assert body["code"] == "OVERLOADED"
         assert body["error"] == "overloaded"
         assert body["retry_after"] == 9
         assert int(headers[b"content-length"]) == len(sent[1]["body"])

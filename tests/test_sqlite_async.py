@@ -15,7 +15,7 @@ import aiosqlite
 import pytest
 
 import quota
-from quota import _sqlite
+from quota._stores import sqlite as _sqlite
 
 
 def _completes_without_suspending(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -186,7 +186,7 @@ def test_a_lone_caller_in_batching_mode_goes_on_alone_and_yields_now_and_then(
     """With group commit on an inline store, a task calling alone is not made to wait
     for the end of its loop turn, except once in `LONE_RUNS_PER_TURN` calls or so,
     which lets other tasks run. Every count stays exact."""
-    from quota._batch import LONE_RUNS_PER_TURN
+    from quota._wrappers.batching import LONE_RUNS_PER_TURN
 
     calls = 200
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 import quota
-from quota import _redis
-from quota._memory import MemoryStore
+from quota._stores import redis as _redis
+from quota._stores.memory import MemoryStore
 from tests._support import T0, Clock
 from tests.conftest import backend_params
 
@@ -151,7 +151,7 @@ def test_there_is_no_schema_to_migrate(schemaless_url: str) -> None:
 
 @pytest.mark.parametrize("statement", ["PG_TRY_LOCK", "PG_UNLOCK", "COUNTERS"])
 def test_statements_a_store_does_not_keep_are_named(statement: str) -> None:
-    from quota import _sql
+    from quota._sql import statements as _sql
 
     with pytest.raises(quota.ConfigurationError, match="memory store cannot run"):
         MemoryStore().execute(getattr(_sql, statement), (1,))

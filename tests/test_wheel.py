@@ -8,6 +8,7 @@ command from a directory where the checkout is not importable.
 
 from __future__ import annotations
 
+import ast
 import configparser
 import os
 import shutil
@@ -90,6 +91,32 @@ def test_the_wheel_carries_migrations_and_cli_inside_the_package(wheel: Path) ->
     parser = configparser.ConfigParser()
     parser.read_string(scripts)
     assert parser["console_scripts"]["quota"] == "quota._cli:main"
+
+
+def test_the_wheel_carries_every_layer_and_no_benchmark_code(wheel: Path) -> None:
+    """One package per layer, the Redis store's Lua scripts; no report, no plotting."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        sources = {n: archive.read(n).decode() for n in names if n.endswith(".py")}
+
+    for layer in ("_core", "_sql", "_stores", "_wrappers", "_limiter", "_tools"):
+        assert f"quota/{layer}/__init__.py" in names, layer
+    assert "quota/http/shedding.py" in names
+    assert "quota/_stores/lua/common.lua" in names
+    # The batching report (benchmarks/report.py) and its plots stay in the repository.
+    assert not [n for n in names if "_bench_report" in n or n.rsplit("/", 1)[-1] == "report.py"]
+    plotting = []
+    for name, source in sources.items():
+        for node in ast.walk(ast.parse(source, name)):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            if any(m.split(".")[0] in ("matplotlib", "benchmarks") for m in modules):
+                plotting.append(f"{name}:{node.lineno}")
+    assert plotting == [], plotting
 
 
 def test_the_installed_wheel_migrates_and_rate_limits(wheel: Path, tmp_path: Path) -> None:

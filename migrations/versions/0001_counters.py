@@ -13,7 +13,7 @@ room on each page so count updates stay HOT (no index update per hit).
 
 With ``-x counters_partitioned=true`` (``quota migrate --partitioned-counters``)
 the PostgreSQL table is range-partitioned by window start instead, with the
-partitions of the hour behind and the day ahead; see `quota._partitions`.
+partitions of the hour behind and the day ahead; see `quota._sql.partitions`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import time
 import sqlalchemy as sa
 from alembic import context, op
 
-from quota import _partitions
-from quota._migrate import OPTION_COUNTERS_LOGGED, OPTION_COUNTERS_PARTITIONED, option
+from quota._sql import partitions as _partitions
+from quota._sql.migrate import OPTION_COUNTERS_LOGGED, OPTION_COUNTERS_PARTITIONED, option
 
 revision = "0001_counters"
 down_revision = None

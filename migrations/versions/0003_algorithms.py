@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context, op
 
-from quota._migrate import OPTION_COUNTERS_LOGGED, option
+from quota._sql.migrate import OPTION_COUNTERS_LOGGED, option
 
 revision = "0003_algorithms"
 down_revision = "0002_quotas"

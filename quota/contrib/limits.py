@@ -73,13 +73,13 @@ from limits.aio.storage.base import SlidingWindowCounterSupport as AsyncSlidingW
 from limits.aio.storage.base import Storage as AsyncStorage
 from limits.storage.base import SlidingWindowCounterSupport, Storage, TimestampedSlidingWindow
 
-from quota._core import stored_key
-from quota._errors import ConfigurationError, StorageError
+from quota._core.decision import stored_key
+from quota._core.errors import ConfigurationError, StorageError
 from quota._limiter import AsyncLimiter, Limiter, connect, connect_async
-from quota._partitions import IS_PARTITIONED
-from quota._sql import Statement
-from quota._store import Rows
-from quota._url import KNOWN_SCHEMES, parse_url
+from quota._sql.partitions import IS_PARTITIONED
+from quota._sql.statements import Statement
+from quota._stores.base import Rows
+from quota._stores.url import KNOWN_SCHEMES, parse_url
 
 __all__ = ["AsyncQuotaStorage", "QuotaStorage"]
 
@@ -94,7 +94,7 @@ MAX_EXPIRY = (2**31 - 1) // 2
 
 # -- statements --------------------------------------------------------------------
 #
-# `quota._sql.Statement`s with ``?`` parameters, rendered per driver by the quota
+# `quota._sql.statements.Statement`s with ``?`` parameters, rendered per driver by the quota
 # stores; their names start with ``limits_``. Parameters whose type PostgreSQL
 # cannot infer from a column are cast, so asyncpg and psycopg bind them alike.
 

@@ -28,11 +28,11 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from quota._abuse import AbuseDetector, AlertCallback
-from quota._algorithms import Rate
-from quota._core import Decision
-from quota._errors import ConfigurationError
-from quota._metrics import Metrics as QuotaMetrics
+from quota._core.algorithms import Rate
+from quota._core.decision import Decision
+from quota._core.errors import ConfigurationError
+from quota._wrappers.abuse import AbuseDetector, AlertCallback
+from quota._wrappers.metrics import Metrics as QuotaMetrics
 from quota.http._identity import (
     ANON,
     AUTH,
@@ -65,8 +65,8 @@ from quota.http._runtime import Snapshot, read_op, runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
 if TYPE_CHECKING:
-    from quota._limiter_async import AsyncLimiter
-    from quota._limiter_sync import Limiter
+    from quota._limiter.async_face import AsyncLimiter
+    from quota._limiter.sync_face import Limiter
 
 log = logging.getLogger("quota.http")
 

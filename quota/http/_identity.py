@@ -81,7 +81,7 @@ class RequestInfo:
 
 def parse_networks(name: str, values: object) -> tuple[Network, ...]:
     """CIDRs (or bare addresses) as networks; raise `ConfigurationError` naming `name`."""
-    from quota._errors import ConfigurationError
+    from quota._core.errors import ConfigurationError
 
     if isinstance(values, str):
         values = [v for v in values.replace(";", ",").split(",") if v.strip()]
@@ -175,7 +175,7 @@ class ProxyRules:
 
 def check_header_name(name: str, value: object) -> str:
     """`value` as a lower-case header name; `ConfigurationError` naming `name` otherwise."""
-    from quota._errors import ConfigurationError
+    from quota._core.errors import ConfigurationError
 
     header = value.strip().lower() if isinstance(value, str) and value.isascii() else None
     if header is None or not _HEADER_NAME.fullmatch(header):
@@ -188,7 +188,7 @@ def check_header_name(name: str, value: object) -> str:
 
 def check_forwarded_header(name: str, value: object) -> str:
     """`value` as one of `CHAIN_HEADERS`; `ConfigurationError` naming `name` otherwise."""
-    from quota._errors import ConfigurationError
+    from quota._core.errors import ConfigurationError
 
     header = value.strip().lower() if isinstance(value, str) else None
     if header not in CHAIN_HEADERS:
@@ -202,7 +202,7 @@ def check_client_ip_header(name: str, value: object) -> str | dict[str, str] | N
     None, a header name, or a mapping of CIDR (or address) to header name;
     an empty mapping is None. The CIDRs are checked by `proxy_rules`.
     """
-    from quota._errors import ConfigurationError
+    from quota._core.errors import ConfigurationError
 
     if value is None:
         return None
@@ -222,7 +222,7 @@ def check_client_ip_header(name: str, value: object) -> str | dict[str, str] | N
 
 
 def _single_header(name: str, value: object) -> str:
-    from quota._errors import ConfigurationError
+    from quota._core.errors import ConfigurationError
 
     header = check_header_name(name, value)
     if header in CHAIN_HEADERS:
@@ -243,7 +243,7 @@ def proxy_rules(
     must lie within one of them (elsewhere it would never be read):
     `ConfigurationError` naming `name` otherwise.
     """
-    from quota._errors import ConfigurationError
+    from quota._core.errors import ConfigurationError
 
     if client_ip_header is not None and not trusted:
         raise ConfigurationError(

@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from quota._algorithms import ALGORITHMS, Rate, check_algorithm
-from quota._core import MAX_LIMIT, MAX_WINDOW
-from quota._errors import ConfigurationError
-from quota._policy import parse_rates
+from quota._core.algorithms import ALGORITHMS, Rate, check_algorithm
+from quota._core.decision import MAX_LIMIT, MAX_WINDOW
+from quota._core.errors import ConfigurationError
+from quota._core.rates import parse_rates
 from quota.http._identity import (
     ANON,
     AUTH,

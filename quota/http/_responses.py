@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from quota._algorithms import FIXED_WINDOW, GCRA, SLIDING_WINDOW, TOKEN_BUCKET, Rate
-from quota._core import Decision
-from quota._errors import ConfigurationError
+from quota._core.algorithms import FIXED_WINDOW, GCRA, SLIDING_WINDOW, TOKEN_BUCKET, Rate
+from quota._core.decision import Decision
+from quota._core.errors import ConfigurationError
 from quota.http._identity import RequestInfo
 
 Headers = list[tuple[str, str]]
@@ -25,6 +25,7 @@ Headers = list[tuple[str, str]]
 PROBLEM_JSON = "application/problem+json"
 RATE_LIMITED = "RATE_LIMITED"
 UNAVAILABLE = "RATE_LIMIT_UNAVAILABLE"
+OVERLOADED = "OVERLOADED"
 #: The draft's problem type for requests over one or more quota policies (status 429).
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
@@ -323,6 +324,18 @@ def unavailable(retry_after: int) -> HttpResponse:
     body = problem(503, "Service Unavailable",
                    f"The rate limiter is unavailable; retry after {retry_after}s.",
                    UNAVAILABLE, retry_after)  # fmt: skip
+    return HttpResponse(
+        503, _with_body_headers([("Retry-After", str(retry_after))], len(body)), body
+    )
+
+
+def overloaded(retry_after: int, detail: str) -> HttpResponse:
+    """The 503 of load shedding (`quota.SheddingMiddleware`): too much work in flight.
+
+    ``application/problem+json`` with ``code: OVERLOADED``, ``retry_after``
+    and ``error: overloaded``.
+    """
+    body = problem(503, "Service Unavailable", detail, OVERLOADED, retry_after, error="overloaded")
     return HttpResponse(
         503, _with_body_headers([("Retry-After", str(retry_after))], len(body)), body
     )

@@ -92,19 +92,19 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from quota._abuse import AbuseDetector
-from quota._algorithms import ALGORITHMS, Rate
-from quota._errors import ConfigurationError, SchemaError, StorageError
-from quota._policy import parse_rates
-from quota._sql import Statement
-from quota._store import Op, Step
-from quota._url import SCHEMALESS
+from quota._core.algorithms import ALGORITHMS, Rate
+from quota._core.errors import ConfigurationError, SchemaError, StorageError
+from quota._core.rates import parse_rates
+from quota._sql.statements import Statement
+from quota._stores.base import Op, Step
+from quota._stores.url import SCHEMALESS
+from quota._wrappers.abuse import AbuseDetector
 from quota.http._identity import Identity, client_ip, hashed_subject
 from quota.http._policy import HttpConfig, apply_env
 from quota.http._policy import _check_factors as check_factors
 
 if TYPE_CHECKING:
-    from quota._limiter_sync import Limiter
+    from quota._limiter.sync_face import Limiter
     from quota.http._core import Guard
 
 log = logging.getLogger("quota.http")

@@ -19,8 +19,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from quota._errors import ConfigurationError
-from quota._metrics import VELOCITY_BUCKETS
+from quota._core.errors import ConfigurationError
+from quota._wrappers.metrics import VELOCITY_BUCKETS
 from quota.http._policy import _system_sample
 
 _LN2 = math.log(2)

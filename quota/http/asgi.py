@@ -31,9 +31,9 @@ from collections.abc import (
 from typing import Any
 from urllib.parse import quote
 
-from quota._abuse import AlertCallback
 from quota._limiter import AsyncLimiter, Limiter, connect_async
-from quota._url import default_url, parse_url
+from quota._stores.url import default_url, parse_url
+from quota._wrappers.abuse import AlertCallback
 from quota.http._core import (
     BATCHING_DIALECTS,
     Guard,

@@ -29,9 +29,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from quota._abuse import AlertCallback
-from quota._algorithms import Rate
+from quota._core.algorithms import Rate
 from quota._limiter import AsyncLimiter, Limiter
+from quota._wrappers.abuse import AlertCallback
 from quota.http._core import ObserverLike
 from quota.http._identity import IdentifyHook, TokenValidator
 from quota.http._policy import HttpConfig, Plans, RoutePolicy

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from quota._abuse import AlertCallback
 from quota._limiter import Limiter, connect
-from quota._url import default_url, parse_url
+from quota._stores.url import default_url, parse_url
+from quota._wrappers.abuse import AlertCallback
 from quota.http._core import (
     BATCHING_DIALECTS,
     Guard,

@@ -1,0 +1,340 @@
+# quota/_limiter/sync_face.py is generated from quota/_limiter/async_face.py by unasyncd
+# ([tool.unasyncd] in pyproject.toml): edit the async file, then run `unasyncd`.
+"""`AsyncLimiter`: rate limits for asyncio code, a thin driver around the decision core.
+
+It holds no logic of its own: it reads the clock, asks `quota._core.decision` to
+validate and place the call, hands the statement to its store, and lets the
+core decide from the rows that come back. Operations other than the hot path
+are generators in `quota._sql.ops` and `quota._limiter.quotas`, driven by the store. What
+never awaits (options, metrics, failing open, the table of stores) is in
+`quota._limiter.base`, shared by both faces.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from quota._core import algorithms as _algorithms
+from quota._core.algorithms import FIXED_WINDOW, Rate, closed_decision
+from quota._core.decision import (
+    MAX_WINDOW,
+    Decision,
+    check_int,
+    decide,
+    decide_uncounted,
+    hit_params,
+    stored_key,
+)
+from quota._core.errors import ConfigurationError, QuotaError
+from quota._core.rates import as_rates, most_restrictive
+from quota._limiter import quotas as _quotas
+from quota._limiter.base import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_GRACE,
+    LimiterBase,
+    Options,
+    async_memory_fallback,
+    backend,
+    check_cost,
+    log,
+    rate_of,
+)
+from quota._limiter.quotas import (
+    CheckDecision,
+    LedgerEntry,
+    QuotaDecision,
+    QuotaLimit,
+    QuotaUsage,
+    RateWindow,
+    RefundResult,
+)
+from quota._sql import ops as _ops
+from quota._sql import statements as _sql
+from quota._sql.ops import CleanupResult, Usage
+from quota._stores.base import AsyncStore, Op, adrive
+from quota._stores.url import StoreURL
+from quota._wrappers.batching import AsyncBatchingStore
+from quota._wrappers.fallback import AsyncResilientStore, StoreDown
+from quota._wrappers.metrics import AsyncMeteredStore
+
+T = TypeVar("T")
+
+
+class AsyncLimiter(LimiterBase[AsyncStore]):
+    """Rate limits kept in a database, for asyncio code. Safe to share between tasks.
+
+    Get one from `quota.connect_async`. Use it as an async context manager, or call
+    `aclose` when done. It belongs to the event loop that first uses it.
+    """
+
+    async def rate_limit(
+        self, key: str, limit: int, window: int, *, cost: int = 1,
+        algorithm: str = FIXED_WINDOW, burst: int | None = None, fail_closed: bool = False,
+    ) -> Decision:  # fmt: skip
+        """Count one hit on `key` and decide: at most `limit` hits per `window` seconds.
+
+        `algorithm` is ``fixed_window`` (windows aligned to the epoch; the
+        default), ``sliding_window``, ``token_bucket`` or ``gcra``; `burst` is
+        the capacity of the last two (default `limit`). One atomic statement
+        per call. Raises `ConfigurationError` for bad arguments (a `cost` the
+        limit can never allow included), `StorageError` when the database
+        fails, `SchemaError` when the tables are missing; with a `fallback`
+        (see `quota.connect_async`) it never raises for the database: memory
+        decides while it is down, and a `fail_closed` call is denied instead.
+        """
+        if algorithm != FIXED_WINDOW or not self._fast or fail_closed:
+            return await self._decide(
+                key, rate_of(limit, window, algorithm, burst), cost, fail_closed
+            )
+        now = self._clock()
+        params = hit_params(
+            key,
+            limit,
+            window,
+            now,
+            cost if cost.__class__ is int and cost == 1 else check_cost(cost, limit),
+        )
+        try:
+            if self._count_denied:
+                rows = await self.store.execute(_sql.HIT, params)
+            else:
+                rows = await self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        except Exception:
+            if self._fallback is None:
+                raise
+            return self._fail_open(key, Rate(limit=limit, window=window), cost, now)
+        if rows:
+            decision = decide(key, limit, window, params[2], now, rows[0][0])
+        else:
+            decision = await self._uncounted(key, limit, window, params, now)
+        if self._after and (self._observing or not decision.allowed):
+            if self._record_denials and not decision.allowed:
+                await self._record_denial(decision, cost, now)
+            self._observe(decision)
+        return decision
+
+    async def hit(
+        self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1,
+        fail_closed: bool = False,
+    ) -> Decision:  # fmt: skip
+        """Count one hit on `key` under each of `rates` and return the most restrictive decision.
+
+        `rates` is a `Rate`, several, or a rate string (``"100/minute;1000/day"``).
+        Each rate counts on its own; for all-or-nothing across several limits
+        use `check`.
+        """
+        decisions = [await self._decide(key, rate, cost, fail_closed) for rate in as_rates(rates)]
+        return decisions[0] if len(decisions) == 1 else most_restrictive(decisions)
+
+    async def _decide(self, key: str, rate: Rate, cost: int, fail_closed: bool = False) -> Decision:
+        if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
+            rate.check_cost(cost)
+        now = self._clock()
+        sql, params = _algorithms.plan(
+            key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
+        )
+        strict = fail_closed and self._fallback is not None
+        try:
+            execute = self.store.execute_strict if strict else self.store.execute
+            rows = await execute(sql, params)
+        except StoreDown:
+            decision = closed_decision(key, rate, now, self._retry_down)
+            if self._observing:
+                self._observe(decision, "fallback")
+            return decision
+        except Exception:
+            if self._fallback is None:
+                raise
+            return self._fail_open(key, rate, cost, now)
+        if not rows and sql is _sql.HIT_CAPPED:
+            decision = await self._uncounted(key, rate.limit, rate.window, params, now)
+        else:
+            decision = _algorithms.decide_rows(key, rate, cost, now, rows)
+        if self._after and (self._observing or not decision.allowed):
+            if self._record_denials and not decision.allowed:
+                await self._record_denial(decision, cost, now)
+            self._observe(decision)
+        return decision
+
+    async def _uncounted(
+        self, key: str, limit: int, window: int, params: Sequence[Any], now: float
+    ) -> Decision:
+        """A capped window denied without counting: read what it holds, for honest numbers."""
+        try:
+            stored = await self.store.execute(_sql.PEEK, (params[0],))
+        except Exception:  # the denial stands; only the reported count is lost
+            return decide(key, limit, window, params[2], now, None)
+        return decide_uncounted(
+            key, limit, window, params[2], now, int(stored[0][0]) if stored else 0
+        )
+
+    async def peek(
+        self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
+        burst: int | None = None,
+    ) -> Decision:  # fmt: skip
+        """`key`'s state under this limit, without counting a hit (the app clock decides).
+
+        ``allowed`` says whether one more hit would pass right now.
+        """
+        rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+        return await self.store.run(_ops.peek(key, rate, self._clock()), transaction=False)
+
+    async def reset(self, key: str, window: int | None = None) -> int:
+        """Forget `key`'s counts (only for windows of `window` seconds if given); return rows deleted."""
+        if window is not None:
+            check_int("window", window, maximum=MAX_WINDOW)
+        return await self.store.run(_ops.reset(stored_key(key), window), transaction=False)
+
+    async def top(self, n: int = 10) -> list[Usage]:
+        """The `n` busiest keys in windows still running, busiest first."""
+        return await self.store.run(_ops.top(self._clock(), n), transaction=False)
+
+    async def cleanup(
+        self,
+        *,
+        grace: int = DEFAULT_GRACE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        dry_run: bool = False,
+    ) -> CleanupResult:
+        """Delete windows that ended more than `grace` seconds ago; see `quota._sql.ops.cleanup`."""
+        op = _ops.cleanup(
+            self.store.dialect, self._clock(), grace=grace, batch_size=batch_size, dry_run=dry_run
+        )
+        return await self.store.run(op, transaction=False)
+
+    # -- durable quotas (quota._limiter.quotas): one transaction each ------------------------------
+
+    async def consume_quota(
+        self, subject: str, name: str, limit: int, period: str | int, cost: int = 1,
+        idempotency_key: str | None = None, tz: str | None = None,
+    ) -> QuotaDecision:  # fmt: skip
+        """Charge `cost` units of `subject`'s quota `name`, allowing at most `limit` per `period`.
+
+        `period` is ``"day"``, ``"week"`` (ISO, from Monday) or ``"month"``,
+        aligned to the calendar of time zone `tz` (an IANA name; UTC when
+        None), or a whole number of seconds aligned to the epoch. A denial
+        charges nothing. With `idempotency_key`, every retry (from any
+        process, after any restart) gets the original decision back, marked
+        ``replayed``, and the charge is made once. The usage and its ledger
+        entry are written in one transaction.
+
+        Raises `ConfigurationError` naming the bad argument (unknown period or
+        zone, a limit or cost that is not a positive int, a cost above the
+        limit), `StorageError` when the database fails (nothing is written).
+        """
+        now = self._clock()
+        make = functools.partial(
+            _quotas.consume, subject, name, limit, period, cost, idempotency_key, tz, now
+        )
+        return await _quotas.arun(self.store, make(), again=make)
+
+    async def refund_quota(self, subject: str, name: str, idempotency_key: str) -> RefundResult:
+        """Give back the charge `idempotency_key` holds (its work failed, say).
+
+        Refunding an unknown key, or a key already refunded, does nothing and
+        says so in the result's ``status``. The key is free again afterwards.
+        """
+        make = functools.partial(_quotas.refund, subject, name, idempotency_key, self._clock())
+        return await _quotas.arun(self.store, make(), again=make)
+
+    async def grant_quota(
+        self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
+    ) -> QuotaUsage:
+        """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
+        make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())
+        return await _quotas.arun(self.store, make(), again=make)
+
+    async def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[QuotaUsage]:
+        """`subject`'s quotas in the periods running now (every period with `include_ended`)."""
+        op = _quotas.usage(subject, self._clock(), include_ended=include_ended)
+        return await _quotas.arun(self.store, op)
+
+    async def ledger(self, subject: str, since: float | None = None) -> list[LedgerEntry]:
+        """`subject`'s ledger entries, oldest first; `since` (epoch seconds or an aware datetime) filters."""
+        return await _quotas.arun(self.store, _quotas.ledger(subject, since))
+
+    async def cleanup_ledger(
+        self, *, older_than: int, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
+    ) -> CleanupResult:
+        """Delete ledger entries older than `older_than` seconds (retention); usage stays.
+
+        Idempotency keys whose charge is deleted are forgotten: keep the
+        ledger longer than any client retries.
+        """
+        op = _quotas.cleanup_ledger(
+            self._clock(), older_than, batch_size=batch_size, dry_run=dry_run
+        )
+        return await self.store.run(op, transaction=False)
+
+    async def check(
+        self, *limits: RateWindow | QuotaLimit, cost: int = 1, idempotency_key: str | None = None
+    ) -> CheckDecision:
+        """Charge `cost` to every limit, or to none: all or nothing, in one transaction.
+
+        Each limit is a `quota.RateWindow` (the fixed window `rate_limit` counts
+        in, here never charged past its limit) or a `quota.QuotaLimit`. If any
+        would deny, nothing is charged anywhere and the decision names the
+        first limit that denied and the longest ``retry_after``. Rows are
+        touched in one fixed order, so concurrent checks never deadlock. An
+        `idempotency_key` (which needs a `QuotaLimit`) makes retries return
+        the original outcome without charging again.
+        """
+        make = functools.partial(
+            _quotas.check, limits, cost, idempotency_key, self._clock(),
+            record_rate_denials=self._record_denials,
+        )  # fmt: skip
+        return await _quotas.arun(self.store, make(), again=make)
+
+    async def run(self, op: Op[T], *, transaction: bool = False, strict: bool = False) -> T:
+        """Run `op`, an operation of `quota._sql.statements` statements (see `quota._stores.base`), on the store.
+
+        On one connection, in one transaction if `transaction`. With `strict`
+        and a fallback, never from memory: `quota.StoreDown` while the store is
+        down, each statement held to the fallback's budget (then each commits on
+        its own, so `transaction` must be False). Raises `StorageError` when the
+        database fails, `ConfigurationError` for `strict` with `transaction`.
+        """
+        if strict and self._fallback is not None:
+            if transaction:
+                raise ConfigurationError("run(strict=True) cannot hold a transaction")
+            return await adrive(op, self.store.execute_strict)
+        return await self.store.run(op, transaction=transaction)
+
+    async def _record_denial(self, decision: Decision, cost: int, now: float) -> None:
+        try:
+            await self.store.run(_quotas.record_rate_denial(decision, cost, now), transaction=False)
+        except QuotaError:
+            # An audit entry must not turn a decision already made into an error.
+            log.warning("quota: could not record a rate denial in the ledger", exc_info=True)
+
+    async def aclose(self) -> None:
+        """Close the store's connections. The limiter reopens them if used again."""
+        await self.store.aclose()
+
+    async def __aenter__(self) -> AsyncLimiter:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
+    """The store for `parsed` (see `quota._limiter.base.STORES`), wrapped as `options` say:
+    in group commit (`batching`), then in `metrics`, then in the memory `fallback`."""
+    store = backend(parsed).open_async(parsed, options)
+    if options.batching:
+        store = AsyncBatchingStore(store, max_batch=options.max_batch)
+    if options.metrics is not None:
+        store = AsyncMeteredStore(store, options.metrics)
+    if options.fallback is None:
+        return store
+    memory = async_memory_fallback(options.fallback)
+    return AsyncResilientStore(store, memory, options.fallback, parsed.url)

@@ -1,0 +1,409 @@
+"""What the two limiter faces share, written once.
+
+`quota._limiter.async_face` holds `AsyncLimiter`, the source; `quota._limiter.sync_face`
+(`Limiter`) is generated from it by unasyncd, so the faces differ only in
+``await``. What never awaits lives here, and both faces call it: `Options` and
+their validation (`options_from`, for `quota.connect`'s two ways of passing
+them), the state the hot path reads (`LimiterBase`), what a decision tells
+metrics and the abuse detector, failing open, and `STORES`: the one table from
+a URL's dialect to the store opener of each face.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypedDict, TypeVar
+
+from quota._core.algorithms import Rate, open_decision
+from quota._core.decision import MAX_LIMIT, Decision, check_int, check_now
+from quota._core.errors import ConfigurationError
+from quota._stores.base import AsyncStore, SyncStore
+from quota._stores.pool import DEFAULT_IDLE_TIMEOUT
+from quota._stores.url import SCHEMALESS, StoreURL, check_schema
+from quota._wrappers.abuse import AbuseDetector
+from quota._wrappers.batching import DEFAULT_MAX_BATCH
+from quota._wrappers.fallback import Fallback, retry_after_down
+from quota._wrappers.metrics import Metrics
+
+Clock = Callable[[], float]
+log = logging.getLogger("quota")
+#: ``clock="database"``: take the time from the database inside each statement.
+DATABASE_CLOCK = "database"
+
+#: Default grace before an ended window is swept, in seconds: covers app
+#: servers whose clocks lag the others a little.
+DEFAULT_GRACE = 60
+DEFAULT_BATCH_SIZE = 10_000
+#: ``durability=``: "relaxed" commits PostgreSQL hits without waiting for the WAL flush.
+DURABILITY_MODES = ("full", "relaxed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """Settings shared by both faces; validated when built."""
+
+    count_denied: bool = True
+    """Count denied hits too, so a client that keeps hammering stays blocked."""
+    clock: Clock | str = time.time
+    """Returns the current time in epoch seconds (inject one in tests), or
+    ``"database"``: every statement takes the database's time, so app servers
+    whose clocks disagree still share one window."""
+    pool_size: int = 10
+    """Most connections the limiter's store opens (PostgreSQL and SQLite, both faces);
+    a call borrows one and gives it back."""
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    """Seconds a pooled connection may stay idle before it is closed."""
+    schema: str | None = None
+    """PostgreSQL: the schema holding quota's tables (``search_path`` of the limiter's
+    connections). None takes the URL's ``?schema=`` (default: the server's search_path)."""
+    prepared_statements: bool | None = None
+    """PostgreSQL: False behind a transaction pooler (PgBouncer ``pool_mode = transaction``):
+    no named prepared statements, no session settings. None takes the URL's
+    ``?prepared_statements=`` (default true)."""
+    timeout: float = 10.0
+    """Seconds to wait for a connection (PostgreSQL) or a write lock (SQLite busy timeout)."""
+    fallback: Fallback | None = None
+    """Fail open to an in-memory store while the database is down; None raises instead."""
+    record_rate_denials: bool = False
+    """Append a ``rate_denied`` entry to the quota ledger whenever a rate limit denies
+    (for abuse visibility); allowed hits never write it."""
+    batching: bool = False
+    """Group commit: concurrent fixed-window hits share one statement, each caller still
+    getting its exact count (see `quota._wrappers.batching`). No added latency when idle."""
+    max_batch: int = DEFAULT_MAX_BATCH
+    """Most hits one batch statement carries."""
+    durability: str = "full"
+    """``"full"``, or ``"relaxed"``: PostgreSQL commits the limiter's statements with
+    ``synchronous_commit = off`` (durable quotas stay synchronous). See the README."""
+    metrics: Metrics | None = None
+    """Count decisions (by source), store errors and store latency into this `quota.Metrics`."""
+    abuse: AbuseDetector | None = None
+    """Tell this `quota.AbuseDetector` about every denial (alerts when one key is hammered)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count_denied, bool):
+            raise ConfigurationError(f"count_denied must be a bool, got {self.count_denied!r}")
+        if not callable(self.clock) and self.clock != DATABASE_CLOCK:
+            raise ConfigurationError(
+                f"clock must be a callable returning epoch seconds or 'database', got {self.clock!r}"
+            )
+        check_int("pool_size", self.pool_size, maximum=1000)
+        if (
+            isinstance(self.idle_timeout, bool)
+            or not isinstance(self.idle_timeout, (int, float))
+            or not (0 < self.idle_timeout <= 86_400)
+        ):
+            raise ConfigurationError(
+                f"idle_timeout must be seconds in (0, 86400], got {self.idle_timeout!r}"
+            )
+        if self.schema is not None:
+            check_schema(self.schema)
+        if self.prepared_statements is not None and not isinstance(self.prepared_statements, bool):
+            raise ConfigurationError(
+                f"prepared_statements must be a bool, got {self.prepared_statements!r}"
+            )
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, (int, float))
+            or not (0 < self.timeout <= 3600)
+        ):
+            raise ConfigurationError(f"timeout must be seconds in (0, 3600], got {self.timeout!r}")
+        if self.fallback is not None and not isinstance(self.fallback, Fallback):
+            raise ConfigurationError(f"fallback must be a quota.Fallback, got {self.fallback!r}")
+        if not isinstance(self.record_rate_denials, bool):
+            raise ConfigurationError(
+                f"record_rate_denials must be a bool, got {self.record_rate_denials!r}"
+            )
+        if not isinstance(self.batching, bool):
+            raise ConfigurationError(f"batching must be a bool, got {self.batching!r}")
+        check_int("max_batch", self.max_batch, maximum=100_000)
+        if self.metrics is not None and not isinstance(self.metrics, Metrics):
+            raise ConfigurationError(f"metrics must be a quota.Metrics, got {self.metrics!r}")
+        if self.abuse is not None and not isinstance(self.abuse, AbuseDetector):
+            raise ConfigurationError(f"abuse must be a quota.AbuseDetector, got {self.abuse!r}")
+        if self.durability not in DURABILITY_MODES:
+            raise ConfigurationError(
+                f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"
+            )
+
+    @property
+    def database_clock(self) -> bool:
+        return self.clock == DATABASE_CLOCK
+
+    @property
+    def app_clock(self) -> Clock:
+        """The clock read in the app: time.time under the database clock (for peek and
+        fallbacks). An injected clock is checked on every read: a value that is no usable
+        time (NaN, infinite, not a number) is a `ConfigurationError` naming ``clock``."""
+        clock = self.clock if callable(self.clock) else time.time
+        if clock is time.time:
+            return clock
+
+        def checked() -> float:
+            return check_now(clock())
+
+        return checked
+
+
+class OptionsDict(TypedDict, total=False):
+    """The keyword settings of `quota.connect` and `quota.connect_async`: `Options`' fields.
+
+    Only for typing ``**settings``; `options_from` builds the `Options`, which
+    validate. `fallback` also takes a bool (True: ``Fallback()``). A test keeps
+    the names and types in step with `Options`.
+    """
+
+    count_denied: bool
+    clock: Clock | str
+    pool_size: int
+    idle_timeout: float
+    schema: str | None
+    prepared_statements: bool | None
+    timeout: float
+    fallback: bool | Fallback | None
+    record_rate_denials: bool
+    batching: bool
+    max_batch: int
+    durability: str
+    metrics: Metrics | None
+    abuse: AbuseDetector | None
+
+
+def options_from(options: Options | None, settings: Mapping[str, object]) -> Options:
+    """The `Options` of a connect call: `options`, or else built from keyword `settings`.
+
+    Raises `ConfigurationError` when both are given (naming the keywords), for a
+    setting `Options` has no field for, and for any bad value (see `Options`).
+    """
+    if options is not None:
+        if not isinstance(options, Options):
+            raise ConfigurationError(f"options must be a quota.Options, got {options!r}")
+        if settings:
+            raise ConfigurationError(
+                "pass options=Options(...) or keyword settings, not both: got options= and "
+                + ", ".join(f"{name}=" for name in settings)
+            )
+        return options
+    known = [field.name for field in dataclasses.fields(Options)]
+    unknown = [name for name in settings if name not in known]
+    if unknown:
+        raise ConfigurationError(
+            f"unknown setting {', '.join(map(repr, unknown))}; the settings are {', '.join(known)}"
+        )
+    if "fallback" in settings:
+        settings = {**settings, "fallback": _fallback(settings["fallback"])}
+    return Options(**settings)  # type: ignore[arg-type]
+
+
+def _fallback(fallback: object) -> Fallback | None:
+    if fallback is True:
+        return Fallback()
+    if fallback is False or fallback is None:
+        return None
+    if isinstance(fallback, Fallback):
+        return fallback
+    raise ConfigurationError(f"fallback must be a bool or a quota.Fallback, got {fallback!r}")
+
+
+StoreT = TypeVar("StoreT", SyncStore, AsyncStore)
+
+
+class LimiterBase(Generic[StoreT]):
+    """The state of either face, read from its `Options` once: the hot path tests plain attributes."""
+
+    store: StoreT
+
+    def __init__(self, store: StoreT, options: Options) -> None:
+        self.store = store
+        self.options = options
+        self._clock = options.app_clock
+        self._count_denied = options.count_denied
+        # The positional fixed-window statement is the hot path; everything
+        # else (other algorithms, the database clock) goes through _decide.
+        self._fast = not options.database_clock
+        self._fallback = options.fallback
+        self._metrics = options.metrics
+        self._abuse = options.abuse
+        self._observing = options.metrics is not None or options.abuse is not None
+        self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
+        self._record_denials = options.record_rate_denials
+        # One test on the hot path for everything that happens after a decision.
+        self._after = self._observing or self._record_denials
+
+    def _observe(self, decision: Decision, source: str = "") -> None:
+        """Tell the metrics and the abuse detector (those configured) about one decision."""
+        if self._metrics is not None:
+            if not source:
+                source = "store" if self.store.up else "fallback"
+            self._metrics.record_decision(decision.allowed, source=source)
+        if self._abuse is not None and not decision.allowed:
+            self._abuse.record_denial(decision.key)
+
+    def _fail_open(self, key: str, rate: Rate, cost: int, now: float) -> Decision:
+        """Allow, when neither the store nor the memory fallback could decide."""
+        log.exception("quota: neither the store nor the memory fallback decided; allowing")
+        decision = open_decision(key, rate, cost, now)
+        if self._observing:
+            self._observe(decision, "fail_open")
+        return decision
+
+
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: True must not pass as 1
+def rate_of(limit: int, window: int, algorithm: str, burst: int | None) -> Rate:
+    """The validated `Rate` of a call's arguments, built once per distinct set."""
+    return Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+
+
+def check_cost(cost: object, limit: object) -> int:
+    """`cost` if it is a positive int the limit can allow; `ConfigurationError` naming it if not."""
+    return check_int("cost", cost, maximum=limit if type(limit) is int and limit > 0 else MAX_LIMIT)
+
+
+# -- the stores: one table from a URL's dialect to the opener of each face ------------------
+
+
+def _timeout(options: Options) -> float:
+    # Under a fallback a slow database must not make a slow request: the
+    # store's own waits shrink to the fallback's time budget.
+    return options.fallback.timeout if options.fallback else options.timeout
+
+
+def _sqlite(parsed: StoreURL, options: Options) -> SyncStore:
+    from quota._stores.sqlite import SQLiteStore
+
+    return SQLiteStore(
+        parsed.target, parsed.url, busy_timeout=_timeout(options), db_clock=options.database_clock,
+        serialize=options.fallback is not None, pool_size=options.pool_size,
+        idle_timeout=options.idle_timeout,
+    )  # fmt: skip
+
+
+def _async_sqlite(parsed: StoreURL, options: Options) -> AsyncStore:
+    from quota._stores.sqlite import AsyncSQLiteStore
+
+    return AsyncSQLiteStore(
+        parsed.target, parsed.url, busy_timeout=_timeout(options), db_clock=options.database_clock
+    )
+
+
+def _postgres_settings(parsed: StoreURL, options: Options) -> dict[str, Any]:
+    """The keywords of either PostgreSQL store: the URL's own parameters, then `options`."""
+    prepared = options.prepared_statements
+    return {
+        "dsn": parsed.target, "url": parsed.url, "pool_size": options.pool_size,
+        "connect_timeout": options.timeout, "db_clock": options.database_clock,
+        "statement_timeout": options.fallback.timeout if options.fallback else None,
+        "relaxed": options.durability == "relaxed", "idle_timeout": options.idle_timeout,
+        "prepared_statements": parsed.prepared_statements if prepared is None else prepared,
+        "schema": options.schema or parsed.schema,
+    }  # fmt: skip
+
+
+def _postgres(parsed: StoreURL, options: Options) -> SyncStore:
+    from quota._stores.postgres import PostgresStore
+
+    return PostgresStore(**_postgres_settings(parsed, options))
+
+
+def _async_postgres(parsed: StoreURL, options: Options) -> AsyncStore:
+    from quota._stores.postgres import AsyncPostgresStore
+
+    return AsyncPostgresStore(**_postgres_settings(parsed, options))
+
+
+def _memory(parsed: StoreURL, options: Options) -> SyncStore:
+    from quota._stores.memory import MemoryStore, parse_target
+
+    name, max_keys = parse_target(parsed.target)
+    return MemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
+
+
+def _async_memory(parsed: StoreURL, options: Options) -> AsyncStore:
+    from quota._stores.memory import AsyncMemoryStore, parse_target
+
+    name, max_keys = parse_target(parsed.target)
+    return AsyncMemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
+
+
+def _redis(parsed: StoreURL, options: Options) -> SyncStore:
+    from quota._stores.redis import RedisStore
+
+    return RedisStore(parsed.url, timeout=_timeout(options), db_clock=options.database_clock)
+
+
+def _async_redis(parsed: StoreURL, options: Options) -> AsyncStore:
+    from quota._stores.redis import AsyncRedisStore
+
+    return AsyncRedisStore(parsed.url, timeout=_timeout(options), db_clock=options.database_clock)
+
+
+def memory_fallback(fallback: Fallback) -> SyncStore:
+    """The in-memory store that decides while the database is down."""
+    from quota._stores.memory import MemoryStore
+
+    return MemoryStore(max_keys=fallback.max_keys)
+
+
+def async_memory_fallback(fallback: Fallback) -> AsyncStore:
+    """The in-memory store that decides while the database is down."""
+    from quota._stores.memory import AsyncMemoryStore
+
+    return AsyncMemoryStore(max_keys=fallback.max_keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """How one dialect's store opens, for each face."""
+
+    sync: Callable[[StoreURL, Options], SyncStore]
+    asynchronous: Callable[[StoreURL, Options], AsyncStore]
+
+    def open_sync(self, parsed: StoreURL, options: Options) -> SyncStore:
+        """The sync store; `ConfigurationError` if the URL names an async driver."""
+        parsed.driver_for(asynchronous=False)
+        _check_for_dialect(parsed, options)
+        return self.sync(parsed, options)
+
+    def open_async(self, parsed: StoreURL, options: Options) -> AsyncStore:
+        """The async store; `ConfigurationError` if the URL names a sync driver."""
+        parsed.driver_for(asynchronous=True)
+        _check_for_dialect(parsed, options)
+        return self.asynchronous(parsed, options)
+
+
+#: Every store quota opens, by the dialect `quota._stores.url.parse_url` reads from the
+#: URL's scheme (which rejects an unknown scheme, listing the known ones).
+STORES: dict[str, Backend] = {
+    "sqlite": Backend(_sqlite, _async_sqlite),
+    "postgresql": Backend(_postgres, _async_postgres),
+    "memory": Backend(_memory, _async_memory),
+    "redis": Backend(_redis, _async_redis),
+}
+
+
+def backend(parsed: StoreURL) -> Backend:
+    """The `STORES` entry of `parsed`'s dialect; `ConfigurationError` listing them if none."""
+    try:
+        return STORES[parsed.dialect]
+    except KeyError:
+        raise ConfigurationError(
+            f"no store for {parsed.dialect!r} urls; known: {', '.join(sorted(STORES))}"
+        ) from None
+
+
+def _check_for_dialect(parsed: StoreURL, options: Options) -> None:
+    """Refuse options the dialect has no use for, naming them."""
+    if options.schema is not None and parsed.dialect != "postgresql":
+        raise ConfigurationError(
+            f"schema={options.schema!r} is for PostgreSQL; a {parsed.dialect} store has no schemas"
+        )
+    if options.batching and parsed.dialect in SCHEMALESS:
+        raise ConfigurationError(
+            f"batching=True groups SQL statements into one; a {parsed.dialect}:// store"
+            " decides each call in one step already: leave batching off"
+        )

@@ -1,0 +1,211 @@
+"""What a store is, and how operations run on one.
+
+A store talks to one database and nothing else: it runs statements
+(`quota._sql.statements.Statement`) and hands rows back. It never decides. A SQL store renders a
+statement's text for its driver; the memory and Redis stores look its
+``name`` up in a table of handlers.
+
+Two kinds of work reach a store:
+
+* the hot path calls ``execute(statement, params)`` directly: one statement,
+  one round trip, autocommit;
+* everything else is an *operation* (`Op`): a generator that yields
+  ``(statement, params)`` steps and receives each statement's rows back (the
+  shape of httpx's ``auth_flow``). The same generator is driven by `drive`
+  for the sync stores and by `adrive` for the async ones, so no logic is
+  written twice. ``run(op, transaction=True)`` wraps the whole operation in
+  one transaction; with ``transaction=False`` each statement commits on its
+  own, but all run on one connection (a session lock taken by the first
+  statement is released by the last).
+
+Under a fallback (`quota._wrappers.fallback`) ``execute`` may be answered from
+memory while the database is down; ``execute_strict`` never is: it raises
+`quota.StoreDown` instead. On a store without a fallback the two are one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from quota._core.errors import ConfigurationError
+from quota._sql.statements import PG_TRY_LOCK, PG_UNLOCK, Statement
+
+Row = Sequence[Any]
+Rows = Sequence[Row]
+#: One statement of an operation and its parameters.
+Step = tuple[Statement, Sequence[Any]]
+
+T = TypeVar("T")
+S = TypeVar("S")
+P = TypeVar("P")
+H = TypeVar("H")
+
+#: An operation: yields steps, receives their rows, returns its result.
+Op = Generator[Step, Rows, T]
+
+
+class SyncStore(Protocol):
+    """A store driven from synchronous code. Safe to share between threads."""
+
+    dialect: str
+
+    @property
+    def up(self) -> bool:
+        """False while a fallback answers for the store (always True without one)."""
+        ...
+
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        """Run one statement in its own transaction and return its rows.
+
+        Raises `StorageError` when the database fails (`SchemaError` for missing
+        tables), `ConfigurationError` for a statement this kind of store cannot run.
+        """
+        ...
+
+    def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        """`execute`, never answered by a fallback: raises `quota.StoreDown` while the
+        store is down. The same as `execute` on a store without a fallback."""
+        ...
+
+    def run(self, op: Op[T], *, transaction: bool) -> T:
+        """Drive `op` on one connection, in one transaction if `transaction`.
+
+        Operations always reach the database, never a fallback: an operation
+        that must be refused while the store is down (and held to the
+        fallback's budget) is driven over `execute_strict` instead
+        (``drive(op, store.execute_strict)``).
+        """
+        ...
+
+    def close(self) -> None:
+        """Close every connection the store opened."""
+        ...
+
+
+class AsyncStore(Protocol):
+    """A store driven from asyncio code. Safe to share between tasks of one loop."""
+
+    dialect: str
+
+    @property
+    def up(self) -> bool:
+        """See `SyncStore.up`."""
+        ...
+
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        """See `SyncStore.execute`."""
+        ...
+
+    async def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        """See `SyncStore.execute_strict`."""
+        ...
+
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
+        """See `SyncStore.run`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every connection the store opened."""
+        ...
+
+
+@runtime_checkable
+class InlineStore(AsyncStore, Protocol):
+    """An async store whose statements may finish without yielding to the loop.
+
+    `quota._wrappers.batching.AsyncBatchingStore` gathers calls by loop turn for such a
+    store (the async SQLite store runs a statement on the loop's thread while
+    the file is free).
+    """
+
+    def try_inline(self, statement: Statement, params: Sequence[Any]) -> Rows | None:
+        """Run `statement` now, without yielding; None when it must be awaited instead."""
+        ...
+
+
+async def adrive(
+    op: Generator[tuple[S, P], Rows, T], execute: Callable[[S, P], Awaitable[Rows]]
+) -> T:
+    """Run `op` to completion, awaiting `execute` of each statement it yields.
+
+    A failing statement is thrown into the generator, so its ``finally``
+    blocks may still issue statements (releasing a lock, say) before the
+    error propagates.
+    """
+    value: Any = None  # a generator's first send must be None
+    error: BaseException | None = None
+    while True:
+        try:
+            statement, params = op.send(value) if error is None else op.throw(error)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        try:
+            value, error = await execute(statement, params), None
+        except BaseException as exc:
+            value, error = (), exc
+
+
+def drive(op: Generator[tuple[S, P], Rows, T], execute: Callable[[S, P], Rows]) -> T:
+    """`adrive` with a sync `execute`: the loop is written once.
+
+    Nothing in it waits, so the coroutine finishes in its first step, on
+    this thread, without an event loop.
+    """
+
+    async def now(statement: S, params: P) -> Rows:
+        return execute(statement, params)
+
+    coroutine = adrive(op, now)
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    coroutine.close()  # pragma: no cover - `now` never suspends
+    raise RuntimeError("drive: a statement was awaited")  # pragma: no cover
+
+
+#: What a store without SQL says it cannot run, by statement name (default: the statement).
+_CANNOT = {
+    PG_TRY_LOCK.name: "PostgreSQL advisory locks",
+    PG_UNLOCK.name: "PostgreSQL advisory locks",
+}
+
+
+def unsupported(store: str, statement: object) -> ConfigurationError:
+    """The error of a store without SQL (`store`: ``memory``, ``Redis``) for a statement
+    it has no handler for."""
+    name = getattr(statement, "name", None)
+    if name is None:  # bare text (`quota._sql.statements.as_statement`)
+        what = f"statement {str(statement)[:60]!r}…"
+    else:
+        what = _CANNOT.get(name, f"statement {name!r}")
+    return ConfigurationError(
+        f"the {store} store cannot run {what}: it keeps rate limits only (every algorithm);"
+        " durable quotas and other SQL-only features need sqlite:// or postgresql://"
+    )
+
+
+def handlers(
+    table: Mapping[Statement, Callable[[Any], H]],
+) -> dict[str, Callable[[Sequence[Any]], H]]:
+    """The handlers of a store without SQL by statement name, for dispatch on the name.
+
+    `table` maps each statement the store keeps to its handler. A handler takes
+    the statement's parameters: a tuple, or a mapping by name for a statement
+    with ``:name`` parameters (wrapped here to read them so).
+    """
+    by_name: dict[str, Callable[[Sequence[Any]], H]] = {}
+    for statement, handler in table.items():
+        assert statement.name not in by_name, f"two statements named {statement.name!r}"
+        by_name[statement.name] = _reading_names(statement, handler) if statement.names else handler
+    return by_name
+
+
+def _reading_names(
+    statement: Statement, handler: Callable[[Any], H]
+) -> Callable[[Sequence[Any]], H]:
+    as_dict = statement.as_dict
+    return lambda params: handler(as_dict(params))

@@ -1,0 +1,580 @@
+"""SQLite stores: `sqlite3` for the sync face; for the async one, `sqlite3` on the
+event loop while the file is free and `aiosqlite`'s worker thread when it is not.
+
+Every connection runs in autocommit mode with WAL, ``synchronous=NORMAL`` and
+a busy timeout, so several processes can share one file: writers queue on
+SQLite's lock instead of failing with "database is locked".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from quota._core.errors import ConfigurationError, StorageError
+from quota._sql import statements as _sql
+from quota._sql.schema import check_version, missing_objects_error
+from quota._sql.statements import Statement
+from quota._stores.base import Op, Rows, adrive, drive
+from quota._stores.pool import DEFAULT_IDLE_TIMEOUT, SyncPool
+
+T = TypeVar("T")
+
+#: The statements the SQLite stores run themselves instead of sending them: sleep
+#: ``params[0]`` seconds (`quota._sql.statements.PAUSE`).
+_PAUSES = frozenset({_sql.PAUSE.name})
+
+#: Busy timeout of a durable quota transaction under a fallback's budget.
+UNBUDGETED_BUSY_MS = 30_000
+
+#: INSERT … RETURNING arrived in SQLite 3.35.0 (2021-03).
+MIN_SQLITE = (3, 35, 0)
+
+
+def _check_sqlite_version() -> None:
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        raise ConfigurationError(
+            f"SQLite {sqlite3.sqlite_version} is too old: quota needs 3.35 or newer"
+            " (for INSERT … RETURNING); upgrade the SQLite your Python links against"
+        )
+
+
+def pragmas(busy_timeout: float) -> tuple[str, ...]:
+    """The PRAGMAs every connection gets, busy timeout first so the others can wait.
+
+    WAL, a property of the file, is set apart (`set_up`): only when the file
+    is not in WAL yet.
+    """
+    return (f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}", "PRAGMA synchronous = NORMAL")
+
+
+_JOURNAL_MODE = "PRAGMA journal_mode"
+_SET_WAL = "PRAGMA journal_mode = WAL"
+#: Seconds between tries to switch a file to WAL while another connection holds it.
+_WAL_RETRY = 0.005
+
+
+def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """Give a new `sqlite3` connection its `pragmas`, and the file WAL if it has not got it.
+
+    Switching a file to WAL needs it to itself, and SQLite answers "database
+    is locked" at once, without its busy handler, while another connection
+    holds it: threads opening their first connections to a new file together
+    did. So the mode is read first (no lock needed once the file is in WAL),
+    and the switch retried within the busy timeout.
+    """
+    for pragma in pragmas(busy_timeout):
+        conn.execute(pragma).fetchall()  # each stepped to its end: none left open
+    deadline = time.monotonic() + busy_timeout
+    while conn.execute(_JOURNAL_MODE).fetchall()[0][0] != "wal":
+        try:
+            conn.execute(_SET_WAL).fetchall()
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(_WAL_RETRY)
+
+
+async def aset_up(conn: aiosqlite.Connection, busy_timeout: float) -> None:
+    """`set_up` for an `aiosqlite` connection."""
+    for pragma in pragmas(busy_timeout):
+        await conn.execute_fetchall(pragma)  # each stepped to its end: none left open
+    deadline = time.monotonic() + busy_timeout
+    while next(iter(await conn.execute_fetchall(_JOURNAL_MODE)))[0] != "wal":
+        try:
+            await conn.execute_fetchall(_SET_WAL)
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(_WAL_RETRY)
+
+
+def wrap_error(exc: Exception, url: str) -> StorageError:
+    """The `quota` error for a sqlite3 error: missing tables become `SchemaError`."""
+    if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
+        return missing_objects_error(url, str(exc), _version_after_error(url))
+    return StorageError(f"SQLite error on {url}: {exc}")
+
+
+def _version_after_error(url: str) -> Rows | None:
+    """The version table's rows, read on a read-only connection of its own: only after a
+    "no such table" (one open and one SELECT on the error path); None if unreadable."""
+    from pathlib import Path
+
+    from quota._stores.url import parse_url
+
+    try:
+        uri = Path(parse_url(url).target).absolute().as_uri() + "?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=1.0)) as conn:
+            return _version_rows(lambda sql: conn.execute(sql).fetchall())
+    except sqlite3.Error:
+        return None
+
+
+def _version_rows(execute: Callable[[str], Rows]) -> Rows | None:
+    try:
+        rows: Rows = execute(_sql.SCHEMA_VERSION.sql)
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    return rows
+
+
+class _SQLiteFile:
+    """What both SQLite faces share: the file, its URL, the statements in sqlite3's form."""
+
+    dialect = "sqlite"
+    #: No fallback answers for this store itself (`quota._wrappers.fallback` wraps it for one).
+    up = True
+
+    def __init__(self, path: str, url: str, *, busy_timeout: float, db_clock: bool) -> None:
+        _check_sqlite_version()
+        self.url = url
+        self.db_clock = db_clock
+        self._bind = _sql.Binder("qmark", "sqlite", db_clock)
+        self._path = path
+        self._busy_timeout = busy_timeout
+
+
+class SQLiteStore(_SQLiteFile):
+    """Sync SQLite store: threads borrow `sqlite3` connections from a bounded pool.
+
+    A connection (with its reused cursor) is lent for one call; at most
+    ``pool_size`` are open, whatever the number of threads, so a
+    thread-per-request server holds a few file descriptors, not two per
+    thread that ever called.
+    """
+
+    def __init__(
+        self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False,
+        serialize: bool = False, pool_size: int = 10, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:  # fmt: skip
+        super().__init__(path, url, busy_timeout=busy_timeout, db_clock=db_clock)
+        self._pool_size = pool_size
+        self._idle_timeout = idle_timeout
+        self._serialize: threading.Lock | None = None
+        if serialize:
+            # Under a short busy timeout (a fallback's budget), threads of one
+            # process queue on this lock (fair, no sleeping) instead of on
+            # SQLite's busy handler, whose backoff sleeps can starve a thread
+            # past the budget and fake an outage. Processes still share the
+            # file through SQLite's own locking, within the budget.
+            self._serialize = threading.Lock()
+        self._schema_checked = False
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> SyncPool[sqlite3.Cursor]:
+        # Threads of one process wait for a connection at most the busy timeout.
+        return SyncPool(
+            self._open, _close_cursor, size=self._pool_size, wait_timeout=self._busy_timeout,
+            idle_timeout=self._idle_timeout,
+        )  # fmt: skip
+
+    def _open(self) -> sqlite3.Cursor:
+        conn = None
+        try:
+            conn = sqlite3.connect(
+                self._path, timeout=self._busy_timeout, isolation_level=None,
+                check_same_thread=False,
+            )  # fmt: skip
+            set_up(conn, self._busy_timeout)
+            if not self._schema_checked:
+                check_version(_version_rows(lambda sql: conn.execute(sql).fetchall()), self.url)
+                self._schema_checked = True
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        return conn.cursor()
+
+    def _borrow(self) -> tuple[SyncPool[sqlite3.Cursor], sqlite3.Cursor]:
+        pool = self._pool
+        try:
+            return pool, pool.acquire()
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
+
+    @staticmethod
+    def _give_back(
+        pool: SyncPool[sqlite3.Cursor], cursor: sqlite3.Cursor, exc: BaseException | None
+    ) -> None:
+        if exc is not None and not isinstance(exc, Exception):
+            pool.discard(cursor)  # interrupted mid-call: state unknown
+            return
+        if cursor.connection.in_transaction:
+            try:
+                cursor.connection.rollback()
+            except sqlite3.Error:
+                pool.discard(cursor)
+                return
+        pool.release(cursor)
+
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        sql, params = self._bind(statement, params)
+        serialize = self._serialize
+        if serialize is not None:
+            with serialize:
+                return self._execute(sql, params)
+        return self._execute(sql, params)
+
+    execute_strict = execute
+
+    def _execute(self, sql: str, params: Sequence[Any]) -> Rows:
+        pool, cursor = self._borrow()
+        try:
+            rows = cursor.execute(sql, params).fetchall()
+        except BaseException as exc:
+            self._give_back(pool, cursor, exc)
+            if isinstance(exc, sqlite3.Error):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        pool.release(cursor)
+        return rows
+
+    def run(self, op: Op[T], *, transaction: bool) -> T:
+        pool, cursor = self._borrow()
+        conn = cursor.connection
+
+        def execute(statement: Statement, params: Sequence[Any]) -> Rows:
+            if isinstance(statement, Statement) and statement.name in _PAUSES:
+                time.sleep(params[0])
+                return []
+            sql, params = self._bind(statement, params)
+            try:
+                return conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise wrap_error(exc, self.url) from exc
+
+        try:
+            if not transaction:
+                result = drive(op, execute)
+            elif self._serialize is None:
+                result = self._transaction(conn, op, execute)
+            else:
+                # Under a fallback's short busy timeout: a durable quota transaction is
+                # no request-path decision, so it queues with this process's writers
+                # and may wait its turn on other processes for the usual time.
+                with self._serialize:
+                    conn.execute(f"PRAGMA busy_timeout = {UNBUDGETED_BUSY_MS}")
+                    try:
+                        result = self._transaction(conn, op, execute)
+                    finally:
+                        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        except BaseException as exc:
+            self._give_back(pool, cursor, exc)
+            raise
+        self._give_back(pool, cursor, None)
+        return result
+
+    def _transaction(
+        self,
+        conn: sqlite3.Connection,
+        op: Op[T],
+        execute: Callable[[Statement, Sequence[Any]], Rows],
+    ) -> T:
+        # IMMEDIATE takes the write lock up front, so two writers never both
+        # read and then deadlock upgrading to write.
+        self._control(conn, "BEGIN IMMEDIATE")
+        try:
+            result = drive(op, execute)
+        except BaseException:
+            conn.rollback()
+            raise
+        self._control(conn, "COMMIT")
+        return result
+
+    def _control(self, conn: sqlite3.Connection, sql: str) -> None:
+        """``BEGIN IMMEDIATE`` or ``COMMIT``, its failure a `StorageError`."""
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
+
+    @property
+    def pool(self) -> SyncPool[sqlite3.Cursor]:
+        """The connection pool (for tests and diagnostics)."""
+        return self._pool
+
+    def close(self) -> None:
+        """Close every connection; the store opens new ones if it is used again."""
+        pool, self._pool = self._pool, self._new_pool()
+        pool.close()
+
+
+def _close_cursor(cursor: sqlite3.Cursor) -> None:
+    with contextlib.suppress(sqlite3.Error):
+        cursor.connection.close()
+
+
+#: The inline connection's own automatic checkpoint is off (it would fsync on
+#: the event loop). Every this many inline statements the store looks at the
+#: WAL's size instead, and past `WAL_CHECKPOINT_BYTES` (SQLite's own default:
+#: 1000 pages of 4 KiB) checkpoints it on the worker thread.
+INLINE_CHECKPOINT_EVERY = 256
+WAL_CHECKPOINT_BYTES = 4 * 1024 * 1024
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """True for "database is locked" (SQLITE_BUSY and its extended codes)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # Python 3.10: no error codes on exceptions, only the message
+        return "database is locked" in str(exc)
+    return bool(code & 0xFF == _SQLITE_BUSY)
+
+
+#: ``sqlite3.SQLITE_BUSY`` (the constant is missing before Python 3.11).
+_SQLITE_BUSY = 5
+
+
+class AsyncSQLiteStore(_SQLiteFile):
+    """Async SQLite store: statements run on the event loop when the file is free.
+
+    A single statement on a free SQLite file takes ~15 µs; handing it to a
+    worker thread and back costs several times that in CPU. So each statement
+    first runs **inline**, on a plain `sqlite3` connection of the loop's thread
+    whose busy timeout is zero: it never waits. If another writer holds the
+    lock (another process, a transaction of this store), SQLite answers busy
+    at once, before changing anything, and the statement goes to the
+    `aiosqlite` worker instead, which waits its turn with the full busy
+    timeout off the loop. Multi-statement transactions (`run`) always go to
+    the worker, one at a time. The inline connection never checkpoints on the
+    loop (that would fsync there); the worker checkpoints the WAL once it
+    outgrows `WAL_CHECKPOINT_BYTES`, this store's statements queuing on the
+    worker meanwhile.
+    """
+
+    def __init__(
+        self, path: str, url: str, *, busy_timeout: float = 5.0, db_clock: bool = False
+    ) -> None:
+        super().__init__(path, url, busy_timeout=busy_timeout, db_clock=db_clock)
+        self._conn: aiosqlite.Connection | None = None
+        self._lock: asyncio.Lock | None = None
+        self._inline: sqlite3.Cursor | None = None
+        self._inline_thread = 0
+        self._inline_count = 0
+        self._checkpoint: asyncio.Task[None] | None = None
+        self._checkpointing = False
+        self._checkpoint_asked = 0
+
+    async def _open(self) -> aiosqlite.Connection:
+        try:
+            pending = aiosqlite.connect(
+                self._path, timeout=self._busy_timeout, isolation_level=None
+            )
+            # aiosqlite's worker thread is not a daemon: a store nobody closed
+            # (the module-level default limiter, say) would keep the process
+            # from exiting. SQLite recovers an unclosed WAL file on next open.
+            worker = getattr(pending, "_thread", None)
+            if worker is not None and not worker.is_alive():
+                worker.daemon = True
+            conn = await pending
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
+        try:
+            await aset_up(conn, self._busy_timeout)
+            try:
+                rows: Rows | None = list(await conn.execute_fetchall(_sql.SCHEMA_VERSION.sql))
+            except sqlite3.OperationalError as exc:
+                if "no such table" not in str(exc):
+                    raise
+                rows = None
+            check_version(rows, self.url)
+        except BaseException as exc:
+            await conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise wrap_error(exc, self.url) from exc
+            raise
+        self._conn = conn
+        self._open_inline()
+        return conn
+
+    def _open_inline(self) -> None:
+        """The loop thread's own connection: never waits, never checkpoints."""
+        try:
+            inline = sqlite3.connect(
+                self._path, timeout=0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error:
+            return  # the worker does everything
+        try:
+            # WAL is a property of the file, set by the worker's connection.
+            inline.execute("PRAGMA synchronous = NORMAL")
+            inline.execute("PRAGMA wal_autocheckpoint = 0")
+        except sqlite3.Error:
+            inline.close()
+            return
+        self._inline = inline.cursor()
+        self._inline_thread = threading.get_ident()
+
+    def try_inline(self, statement: Statement, params: Sequence[Any]) -> Rows | None:
+        """Run `statement` now, on the loop's thread; None if it must go to the worker.
+
+        It makes this store a `quota._stores.base.InlineStore`: it tells
+        `quota._wrappers.batching.AsyncBatchingStore` that statements of this store finish
+        without yielding, so it gathers calls by loop turn.
+
+        None when the store is not open yet, when called off the loop's
+        thread, or when another writer holds the file (nothing was changed).
+        """
+        sql, params = self._bind(statement, params)
+        return self._try_inline(sql, params)
+
+    def _try_inline(self, sql: str, params: Sequence[Any]) -> Rows | None:
+        inline = self._inline
+        if inline is None or self._checkpointing or threading.get_ident() != self._inline_thread:
+            return None
+        try:
+            rows = inline.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            if _busy(exc):
+                return None
+            raise wrap_error(exc, self.url) from exc
+        self._inline_count += 1
+        if self._inline_count % INLINE_CHECKPOINT_EVERY == 0:
+            self._maybe_checkpoint()
+        return rows
+
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        conn = self._conn or await self._start()
+        sql, params = self._bind(statement, params)
+        rows = self._try_inline(sql, params)
+        if rows is not None:
+            return rows
+        # Another writer holds the file: wait for it off the loop.
+        assert self._lock is not None
+        async with self._lock:
+            try:
+                return list(await conn.execute_fetchall(sql, params))
+            except sqlite3.Error as exc:
+                raise wrap_error(exc, self.url) from exc
+
+    execute_strict = execute
+
+    def _maybe_checkpoint(self) -> None:
+        try:
+            size = os.stat(self._path + "-wal").st_size
+        except OSError:
+            return
+        if size < WAL_CHECKPOINT_BYTES:
+            return
+        if self._checkpoint is None or self._checkpoint.done():
+            self._checkpoint = asyncio.get_running_loop().create_task(self._checkpoint_wal())
+            self._checkpoint_asked = self._inline_count
+        elif self._inline_count - self._checkpoint_asked >= 4 * INLINE_CHECKPOINT_EVERY:
+            # Asked for long ago and not started: the loop has not turned since
+            # (a task deciding in a tight loop). Checkpoint here rather than let
+            # the WAL grow; this task holds the loop anyway.
+            assert self._inline is not None
+            with contextlib.suppress(sqlite3.Error):
+                self._inline.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self._checkpoint_asked = self._inline_count
+
+    async def _checkpoint_wal(self) -> None:
+        """Copy the WAL back into the database, on the worker, with this store's writes paused.
+
+        PASSIVE never waits for anyone (a long reader elsewhere only leaves
+        part of the WAL for next time), but it can only finish if no write of
+        ours lands meanwhile: while it runs, statements go to the worker and
+        queue behind it instead of running inline. Once it has copied every
+        frame, the next write starts the WAL over from its beginning.
+        """
+        conn = self._conn
+        if conn is None or self._lock is None:
+            return
+        self._checkpointing = True
+        try:
+            async with self._lock:
+                # Closed meanwhile, or failed: the next one will do.
+                with contextlib.suppress(sqlite3.Error, ValueError):
+                    # Stepped to its end: a statement left open on its row would
+                    # keep the worker's read snapshot, and its reads stale.
+                    await conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            self._checkpointing = False
+
+    async def _start(self) -> aiosqlite.Connection:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._conn is None:
+                return await self._open()
+            return self._conn
+
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
+        conn = self._conn or await self._start()
+        assert self._lock is not None
+
+        async def execute(statement: Statement, params: Sequence[Any]) -> Rows:
+            if isinstance(statement, Statement) and statement.name in _PAUSES:
+                await asyncio.sleep(params[0])
+                return []
+            sql, params = self._bind(statement, params)
+            try:
+                return list(await conn.execute_fetchall(sql, params))
+            except sqlite3.Error as exc:
+                raise wrap_error(exc, self.url) from exc
+
+        async with self._lock:
+            if not transaction:
+                return await adrive(op, execute)
+            # The whole transaction runs as one job on the worker thread: a
+            # task cancelled while awaiting it leaves the worker to finish,
+            # and the job itself always ends in COMMIT or ROLLBACK, so no
+            # write lock is ever left held between BEGIN and its cleanup.
+            job = asyncio.ensure_future(self._transaction(conn, op, execute))
+            try:
+                return await asyncio.shield(job)
+            except asyncio.CancelledError:
+                # The caller gave up, but the job goes on to its COMMIT or ROLLBACK
+                # (at most the busy timeout): wait for it, shielded from any further
+                # cancellation (anyio's cancel scopes cancel again every loop turn),
+                # so that the lock, and the worker, are free when this call ends.
+                while not job.done():
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(job)
+                raise
+
+    async def _transaction(
+        self,
+        conn: aiosqlite.Connection,
+        op: Op[T],
+        execute: Callable[[Statement, Sequence[Any]], Awaitable[Rows]],
+    ) -> T:
+        try:
+            await self._control(conn, "BEGIN IMMEDIATE")
+            result = await adrive(op, execute)
+            await self._control(conn, "COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                await asyncio.shield(conn.rollback())
+            raise
+        return result
+
+    async def _control(self, conn: aiosqlite.Connection, sql: str) -> None:
+        """``BEGIN IMMEDIATE`` or ``COMMIT``, its failure a `StorageError`."""
+        try:
+            await conn.execute_fetchall(sql)
+        except sqlite3.Error as exc:
+            raise wrap_error(exc, self.url) from exc
+
+    async def aclose(self) -> None:
+        checkpoint, self._checkpoint = self._checkpoint, None
+        if checkpoint is not None:
+            await asyncio.gather(checkpoint, return_exceptions=True)
+        inline, self._inline = self._inline, None
+        if inline is not None:
+            inline.connection.close()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()

@@ -1,0 +1,222 @@
+"""Store URLs: which database, which driver, which face.
+
+``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db`` as in
+SQLAlchemy; ``postgresql://user@host:port/db`` (``postgres://`` too). A
+``+driver`` suffix picks the driver: ``+aiosqlite`` and ``+asyncpg`` are the
+async drivers, ``+pysqlite`` and ``+psycopg`` the sync ones. Without one,
+`quota.connect` uses the sync default and `quota.connect_async` the async one.
+
+``memory://`` (a store of its own per connect), ``memory://NAME`` (shared by
+name within the process) and ``redis://host:port/db`` (``rediss://`` for TLS)
+keep no SQL schema: there is nothing to migrate on them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlencode
+
+from quota._core.errors import ConfigurationError
+
+#: Where the embedded default keeps its counters when nothing is configured.
+DEFAULT_URL = "sqlite:///quota.sqlite3"
+ENV_VAR = "QUOTA_DATABASE_URL"
+
+_SYNC_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg", "memory": "memory", "redis": "redis"}  # fmt: skip
+_ASYNC_DRIVERS = {
+    "sqlite": "aiosqlite", "postgresql": "asyncpg", "memory": "memory", "redis": "redis.asyncio",
+}  # fmt: skip
+#: Stores without a SQL schema (nothing to migrate).
+SCHEMALESS = ("memory", "redis")
+KNOWN_SCHEMES = (
+    "memory",
+    "postgres",
+    "postgresql",
+    "postgresql+asyncpg",
+    "postgresql+psycopg",
+    "redis",
+    "rediss",
+    "sqlite",
+    "sqlite+aiosqlite",
+    "sqlite+pysqlite",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreURL:
+    """A parsed store URL."""
+
+    url: str
+    """The URL as given."""
+    dialect: str
+    """``sqlite``, ``postgresql``, ``memory`` or ``redis``."""
+    driver: str | None
+    """The explicit driver, or None for the face's default."""
+    target: str
+    """The file path (SQLite), the libpq DSN without a driver and without quota's own query
+    parameters (PostgreSQL), ``NAME?options`` (memory) or the URL itself (Redis)."""
+    parameters: Mapping[str, bool | str] = field(default_factory=dict)
+    """quota's own query parameters of a PostgreSQL URL (`QUOTA_PARAMETERS`)."""
+
+    @property
+    def prepared_statements(self) -> bool:
+        """False when the URL says ``?prepared_statements=false`` (a transaction pooler)."""
+        return self.parameters.get("prepared_statements", True) is not False
+
+    @property
+    def schema(self) -> str | None:
+        """The schema of quota's tables when the URL says ``?schema=NAME``."""
+        schema = self.parameters.get("schema")
+        return schema if isinstance(schema, str) else None
+
+    @property
+    def is_async_driver(self) -> bool:
+        return self.driver in _ASYNC_DRIVERS.values()
+
+    def driver_for(self, *, asynchronous: bool) -> str:
+        """The driver to use for the sync or async face; raise if the URL names the other one."""
+        wanted = (_ASYNC_DRIVERS if asynchronous else _SYNC_DRIVERS)[self.dialect]
+        if self.driver is None or self.driver == wanted:
+            return wanted
+        if asynchronous:
+            raise ConfigurationError(
+                f"url {redact(self.url)!r} names the sync driver {self.driver!r};"
+                " use quota.connect(url)"
+                f" for it, or {self.dialect}+{wanted}:// (or no driver) with quota.connect_async()"
+            )
+        raise ConfigurationError(
+            f"url {redact(self.url)!r} names the async driver {self.driver!r}; use"
+            f" quota.connect_async(url) for it, or {self.dialect}:// with quota.connect()"
+        )
+
+    def sqlalchemy_url(self) -> str:
+        """The URL SQLAlchemy and Alembic use for migrations; `ConfigurationError` without a schema."""
+        if self.dialect in SCHEMALESS:
+            raise ConfigurationError(
+                f"url {redact(self.url)!r} is a {self.dialect} store, which keeps no SQL schema:"
+                " there is nothing to migrate (migrations are for sqlite:// and postgresql://)"
+            )
+        if self.dialect == "sqlite":
+            return f"sqlite:///{self.target}"
+        driver = self.driver or "asyncpg"
+        return f"postgresql+{driver}://{self.target.split('://', 1)[1]}"
+
+
+#: Query parameters of a PostgreSQL URL that are quota's own, not libpq's.
+QUOTA_PARAMETERS = ("prepared_statements", "schema")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+#: A schema name quota accepts: a plain PostgreSQL identifier (it is quoted anyway).
+_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def check_schema(schema: object, where: str = "schema") -> str:
+    """`schema` if it is a plain identifier; `ConfigurationError` naming `where` otherwise."""
+    if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
+        raise ConfigurationError(
+            f"{where} must be a plain identifier (letters, digits, _; at most 63), got {schema!r}"
+        )
+    return schema
+
+
+def own_parameters(url: str, target: str) -> tuple[str, dict[str, bool | str]]:
+    """`target` (a libpq URL) without quota's own query parameters, and their values.
+
+    ``postgresql://app@db/app?prepared_statements=false&schema=limits&sslmode=require``
+    gives the DSN with ``sslmode`` only and ``{"prepared_statements": False,
+    "schema": "limits"}``.
+    """
+    base, sep, query = target.partition("?")
+    if not sep:
+        return target, {}
+    own: dict[str, bool | str] = {}
+    kept: list[tuple[str, str]] = []
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in QUOTA_PARAMETERS:
+            kept.append((name, value))
+        elif name == "schema":
+            own[name] = check_schema(value, f"url query parameter schema in {redact(url)!r}")
+        elif value.lower() in _TRUE:
+            own[name] = True
+        elif value.lower() in _FALSE:
+            own[name] = False
+        else:
+            raise ConfigurationError(
+                f"url query parameter {name}={value!r} in {redact(url)!r} must be true or false"
+            )
+    return (f"{base}?{urlencode(kept)}" if kept else base), own
+
+
+#: A password given as a query parameter (libpq's ``password`` and ``sslpassword``).
+_QUERY_PASSWORD = re.compile(r"(?i)(^|[?&;\s])((?:ssl)?pass(?:word|wd)?=)[^&;#\s]*")
+
+
+def redact(url: str) -> str:
+    """`url` without its password, for messages and logs.
+
+    Never raises. Hides the password of ``scheme://user:password@host`` even
+    when it holds (unencoded) ``@``, ``:``, ``/``, ``?`` or ``#``: everything
+    between the user name and the last ``@`` before the path is the password.
+    A ``password=`` (or ``sslpassword=``) query parameter is hidden too.
+    Text without ``://`` gets the same treatment (``user:pw@host``, or a
+    libpq key/value string with ``password=…``).
+    """
+    if not isinstance(url, str):
+        return repr(url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # not a URL (``user:pw@host`` or ``host=… password=…``): hide the same
+        scheme, rest = "", url
+    first_at = rest.find("@")
+    if first_at >= 0:
+        # The host part ends at the first "/" after an "@" (libpq: credentials never
+        # hold a "/" it understands, so a "/" before the last "@" is still password).
+        slash = rest.find("/", first_at)
+        head, tail = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+        creds, _, host = head.rpartition("@")
+        if ":" in creds:
+            creds = creds.split(":", 1)[0] + ":***"
+        rest = f"{creds}@{host}{tail}"
+    return scheme + sep + _QUERY_PASSWORD.sub(r"\1\2***", rest)
+
+
+def default_url() -> str:
+    """``$QUOTA_DATABASE_URL``, else the embedded SQLite file in the working directory."""
+    return os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+def parse_url(url: object) -> StoreURL:
+    """Parse a store URL; raise `ConfigurationError` naming the URL when it is not one."""
+    if not isinstance(url, str) or "://" not in url:
+        shown = redact(url) if isinstance(url, str) else url
+        raise ConfigurationError(
+            f"url must look like 'scheme://…', got {shown!r};"
+            f" known schemes: {', '.join(KNOWN_SCHEMES)}"
+        )
+    scheme, rest = url.split("://", 1)
+    if scheme not in KNOWN_SCHEMES:
+        raise ConfigurationError(
+            f"unknown url scheme {scheme!r} in {redact(url)!r};"
+            f" known schemes: {', '.join(KNOWN_SCHEMES)}"
+        )
+    if scheme == "memory":
+        return StoreURL(url, "memory", None, rest)
+    if scheme in ("redis", "rediss"):
+        return StoreURL(url, "redis", None, url)
+    dialect, _, driver = scheme.partition("+")
+    if dialect == "postgres":
+        dialect = "postgresql"
+    if dialect == "sqlite":
+        # sqlite:///rel.db -> "rel.db"; sqlite:////abs.db -> "/abs.db"
+        path = rest[1:] if rest.startswith("/") else rest
+        path = path.split("?", 1)[0]
+        if not path or path == ":memory:" or path.startswith("file::memory:"):
+            raise ConfigurationError(
+                f"url {redact(url)!r} is an in-memory SQLite database, which every connection sees"
+                " empty; give a file path, e.g. sqlite:///quota.sqlite3"
+            )
+        return StoreURL(url, "sqlite", driver or None, path)
+    dsn, own = own_parameters(url, f"postgresql://{rest}")
+    return StoreURL(url, "postgresql", driver or None, dsn, own)

@@ -1,0 +1,487 @@
+"""``quota bench``: decisions per second of quota beside the bare driver, in one run.
+
+For each run the same workload goes through the bare driver (the same upsert,
+prepared, with no library around it) and through quota, in alternating order;
+the report gives the medians and the median of the per-run ratios. The bare
+side computes the window and bucket key inline, as any caller would have to.
+
+Concurrency means threads, each with its own connection, on the sync face,
+and tasks sharing one limiter (a pool of `concurrency` connections for
+PostgreSQL) on the async face. Limits are set high enough that every call is
+allowed, so both sides do the same work.
+
+``algorithm`` picks what the quota side runs (the rate scenario); the bare side
+stays the fixed-window upsert, the baseline every algorithm is held to. On
+``redis://`` the bare side is one EVALSHA of a plain INCRBY+EXPIRE script per
+call (quota's decision is one EVALSHA too). ``memory://`` has no driver to
+compare with: it reports quota's decisions per second on one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from quota._core.algorithms import FIXED_WINDOW, check_algorithm
+from quota._core.errors import ConfigurationError
+from quota._limiter import connect, connect_async
+from quota._sql import statements as _sql
+from quota._sql.migrate import migrate
+from quota._stores.sqlite import aset_up, set_up
+from quota._stores.url import SCHEMALESS, StoreURL, parse_url
+
+WINDOW = 3600
+LIMIT = 2**60
+
+
+@dataclass
+class BenchReport:
+    """Medians of several runs, quota beside the bare driver."""
+
+    url: str
+    face: str
+    driver: str
+    concurrency: int
+    keys: int
+    duration: float
+    bare: list[float] = field(default_factory=list)
+    quota: list[float] = field(default_factory=list)
+    scenario: str = "rate"
+    """``rate`` (rate_limit), ``quota`` (consume_quota) or ``check``; see `quota._tools.bench_quotas`."""
+    algorithm: str = FIXED_WINDOW
+    """What the quota side of the rate scenario runs; the bare side is the fixed window."""
+    fallback: bool = False
+    """The baseline is quota itself without a fallback, the other side quota with one."""
+
+    @property
+    def ratios(self) -> list[float]:
+        return [q / b for q, b in zip(self.quota, self.bare, strict=True) if b]
+
+    def as_dict(self) -> dict[str, Any]:
+        bare = bool(self.bare)  # memory:// has no bare driver
+        return {
+            "scenario": self.scenario,
+            "algorithm": self.algorithm,
+            "fallback": self.fallback,
+            "url": self.url,
+            "face": self.face,
+            "driver": self.driver,
+            "concurrency": self.concurrency,
+            "keys": self.keys,
+            "duration_s": self.duration,
+            "bare_per_s": [round(x) for x in self.bare],
+            "quota_per_s": [round(x) for x in self.quota],
+            "bare_median_per_s": round(statistics.median(self.bare)) if bare else None,
+            "quota_median_per_s": round(statistics.median(self.quota)),
+            "ratio_median": round(statistics.median(self.ratios), 3) if bare else None,
+        }
+
+    def table(self) -> str:
+        d = self.as_dict()
+        scenario = self.scenario if self.scenario != "rate" else f"rate, {self.algorithm}"
+        lines = [
+            f"quota bench ({scenario}): {self.driver} ({self.face} face),"
+            f" {self.concurrency} callers,"
+            f" {self.keys} keys, {len(self.quota)} runs of {self.duration:g}s",
+            f"  {'':<22} {'median/s':>10}   runs",
+        ]
+        base, side = (
+            ("quota, no fallback", "quota, fallback=True")
+            if self.fallback
+            else ("bare " + self.driver, "quota")
+        )
+        if self.bare:
+            lines.append(
+                f"  {base:<22} {d['bare_median_per_s']:>10}   "
+                + " ".join(str(x) for x in d["bare_per_s"])
+            )
+        lines.append(
+            f"  {side:<22} {d['quota_median_per_s']:>10}   "
+            + " ".join(str(x) for x in d["quota_per_s"])
+        )
+        if self.bare:
+            what = "fallback on/off" if self.fallback else "quota/bare"
+            lines.append(f"  ratio {what} (median of per-run ratios): {d['ratio_median']:.3f}")
+        else:
+            lines.append("  no bare driver to compare with: decisions per second on one thread")
+        return "\n".join(lines)
+
+
+def _key_stream(keys: int, seed: int) -> Callable[[], str]:
+    rng = random.Random(seed)
+    names = [f"bench:{i}" for i in range(keys)]
+    return lambda: names[rng.randrange(keys)]
+
+
+def _threads(
+    concurrency: int, duration: float, work: Callable[[int, Callable[[], bool]], int]
+) -> float:
+    """Run `work(worker_id, go)` on `concurrency` threads; return calls per second."""
+    counts = [0] * concurrency
+    barrier = threading.Barrier(concurrency + 1)
+    deadline = [0.0]
+
+    def go() -> bool:
+        return time.perf_counter() < deadline[0]
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        counts[i] = work(i, go)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    deadline[0] = time.perf_counter() + duration
+    start = time.perf_counter()
+    barrier.wait()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+async def _tasks(
+    concurrency: int, duration: float, work: Callable[[int, Callable[[], bool]], Any]
+) -> float:
+    deadline = time.perf_counter() + duration
+
+    def go() -> bool:
+        return time.perf_counter() < deadline
+
+    start = time.perf_counter()
+    counts: list[int] = await asyncio.gather(*(work(i, go) for i in range(concurrency)))
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def _bare_params(key: str) -> tuple[Any, ...]:
+    now = time.time()
+    second = int(now)
+    start = second - second % WINDOW
+    return (f"{WINDOW}:{start}:k:{key}", "k:" + key, start, WINDOW, 1, now)
+
+
+#: The bare Redis baseline: the fixed window as anyone would script it by hand.
+_BARE_REDIS = """
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if n == tonumber(ARGV[1]) then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+return n
+"""
+_BARE_REDIS_PREFIX = "quota-bench-bare:"
+
+
+def _redis_client(parsed: StoreURL, *, asynchronous: bool) -> Any:
+    import redis
+    import redis.asyncio
+
+    from quota._stores.redis import split_url
+
+    target, _prefix = split_url(parsed.url)
+    factory = redis.asyncio.Redis if asynchronous else redis.Redis
+    return factory.from_url(target)
+
+
+def _sync_bare_redis(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
+    client = _redis_client(parsed, asynchronous=False)
+    sha = client.script_load(_BARE_REDIS)
+
+    def work(i: int, go: Callable[[], bool]) -> int:
+        next_key, n = _key_stream(keys, i), 0
+        while go():
+            key = _BARE_REDIS_PREFIX + _bare_params(next_key())[0]
+            client.execute_command("EVALSHA", sha, 1, key, 1, WINDOW)
+            n += 1
+        return n
+
+    try:
+        return _threads(concurrency, duration, work)
+    finally:
+        client.close()
+
+
+async def _async_bare_redis(
+    parsed: StoreURL, concurrency: int, keys: int, duration: float
+) -> float:
+    client = _redis_client(parsed, asynchronous=True)
+    try:
+        sha = await client.script_load(_BARE_REDIS)
+        # Open the pool up front, as the quota side does.
+        await asyncio.gather(*(client.ping() for _ in range(concurrency)))
+
+        async def work(i: int, go: Callable[[], bool]) -> int:
+            next_key, n = _key_stream(keys, i), 0
+            while go():
+                key = _BARE_REDIS_PREFIX + _bare_params(next_key())[0]
+                await client.execute_command("EVALSHA", sha, 1, key, 1, WINDOW)
+                n += 1
+            return n
+
+        return await _tasks(concurrency, duration, work)
+    finally:
+        await client.aclose()
+
+
+# -- the sync face ------------------------------------------------------------
+
+
+def _sync_quota(
+    url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
+    fallback: bool = False, pool_size: int | None = None,
+) -> float:  # fmt: skip
+    with connect(url, pool_size=pool_size or concurrency, fallback=fallback) as limiter:
+
+        def work(i: int, go: Callable[[], bool]) -> int:
+            next_key, n = _key_stream(keys, i), 0
+            limiter.rate_limit(next_key(), LIMIT, WINDOW)  # connect outside the clock
+            if algorithm == FIXED_WINDOW:  # the call as the README shows it
+                while go():
+                    limiter.rate_limit(next_key(), LIMIT, WINDOW)
+                    n += 1
+                return n
+            while go():
+                limiter.rate_limit(next_key(), LIMIT, WINDOW, algorithm=algorithm)
+                n += 1
+            return n
+
+        return _threads(concurrency, duration, work)
+
+
+def _memory_quota(url: str, keys: int, duration: float, algorithm: str) -> float:
+    """Decisions per second on one thread, the harness kept out of the way.
+
+    With no I/O a decision costs a few microseconds, as much as drawing a
+    random key and reading the clock: the keys are drawn up front and the
+    clock is read once per thousand calls.
+    """
+    draw = _key_stream(keys, 0)
+    sequence = [draw() for _ in range(65_536)]
+    with connect(url) as limiter:
+        rate_limit, n = limiter.rate_limit, 0
+        start = time.perf_counter()
+        deadline = start + duration
+        while time.perf_counter() < deadline:
+            batch = sequence[n % 65_536 : n % 65_536 + 1000]
+            if algorithm == FIXED_WINDOW:  # the call as the README shows it
+                for key in batch:
+                    rate_limit(key, LIMIT, WINDOW)
+            else:
+                for key in batch:
+                    rate_limit(key, LIMIT, WINDOW, algorithm=algorithm)
+            n += len(batch)
+        return n / (time.perf_counter() - start)
+
+
+def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
+    if parsed.dialect == "redis":
+        return _sync_bare_redis(parsed, concurrency, keys, duration)
+    if parsed.dialect == "sqlite":
+
+        def work(i: int, go: Callable[[], bool]) -> int:
+            conn = sqlite3.connect(parsed.target, isolation_level=None, check_same_thread=False)
+            set_up(conn, 10.0)
+            next_key, n, sql = _key_stream(keys, i), 0, _sql.HIT
+            while go():
+                conn.execute(sql, _bare_params(next_key())).fetchall()
+                n += 1
+            conn.close()
+            return n
+
+        return _threads(concurrency, duration, work)
+    import psycopg
+
+    # Prepared once per connection, as quota does, unless the URL says a transaction
+    # pooler is in front (?prepared_statements=false): then unnamed statements.
+    threshold = 0 if parsed.prepared_statements else None
+
+    def pg_work(i: int, go: Callable[[], bool]) -> int:
+        with psycopg.connect(parsed.target, autocommit=True, prepare_threshold=threshold) as conn:
+            next_key, n, sql = _key_stream(keys, i), 0, _sql.render(_sql.HIT, "format")
+            while go():
+                conn.execute(sql, _bare_params(next_key())).fetchall()
+                n += 1
+            return n
+
+    return _threads(concurrency, duration, pg_work)
+
+
+# -- the async face -----------------------------------------------------------
+
+
+async def _async_quota(
+    url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
+    fallback: bool = False, pool_size: int | None = None,
+) -> float:  # fmt: skip
+    pool_size = pool_size or concurrency
+    async with connect_async(url, pool_size=pool_size, fallback=fallback) as limiter:
+        # Open the pool up front: connecting is not what is measured.
+        await asyncio.gather(
+            *(limiter.rate_limit("bench:warm", LIMIT, WINDOW) for _ in range(pool_size))
+        )
+
+        async def work(i: int, go: Callable[[], bool]) -> int:
+            next_key, n = _key_stream(keys, i), 0
+            if algorithm == FIXED_WINDOW:  # the call as the README shows it
+                while go():
+                    await limiter.rate_limit(next_key(), LIMIT, WINDOW)
+                    n += 1
+                return n
+            while go():
+                await limiter.rate_limit(next_key(), LIMIT, WINDOW, algorithm=algorithm)
+                n += 1
+            return n
+
+        return await _tasks(concurrency, duration, work)
+
+
+async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
+    if parsed.dialect == "redis":
+        return await _async_bare_redis(parsed, concurrency, keys, duration)
+    if parsed.dialect == "sqlite":
+        import aiosqlite
+
+        async with aiosqlite.connect(parsed.target, isolation_level=None) as conn:
+            await aset_up(conn, 10.0)
+
+            async def work(i: int, go: Callable[[], bool]) -> int:
+                next_key, n = _key_stream(keys, i), 0
+                while go():
+                    await conn.execute_fetchall(_sql.HIT, _bare_params(next_key()))
+                    n += 1
+                return n
+
+            return await _tasks(concurrency, duration, work)
+    import asyncpg
+
+    cache = 100 if parsed.prepared_statements else 0
+    connections = [
+        await asyncpg.connect(parsed.target, statement_cache_size=cache) for _ in range(concurrency)
+    ]
+    try:
+        sql = _sql.render(_sql.HIT, "numeric_dollar")
+        if parsed.prepared_statements:
+            statements = [await c.prepare(sql) for c in connections]
+
+            async def pg_work(i: int, go: Callable[[], bool]) -> int:
+                stmt, next_key, n = statements[i], _key_stream(keys, i), 0
+                while go():
+                    await stmt.fetch(*_bare_params(next_key()))
+                    n += 1
+                return n
+
+        else:  # behind a transaction pooler: unnamed statements, as quota sends them there
+
+            async def pg_work(i: int, go: Callable[[], bool]) -> int:
+                conn, next_key, n = connections[i], _key_stream(keys, i), 0
+                while go():
+                    await conn.fetch(sql, *_bare_params(next_key()))
+                    n += 1
+                return n
+
+        return await _tasks(concurrency, duration, pg_work)
+    finally:
+        for c in connections:
+            await c.close()
+
+
+def run_bench(
+    url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
+    face: str = "auto", scenario: str = "rate", algorithm: str = FIXED_WINDOW,
+    fallback: bool = False, pool_size: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BenchReport:  # fmt: skip
+    """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc.
+
+    `scenario` is ``rate`` (rate_limit, the default), ``quota`` (consume_quota
+    with idempotency keys) or ``check`` (two rate windows and a quota); see
+    `quota._tools.bench_quotas`. `algorithm` is what the rate scenario's quota side
+    runs. On ``memory://`` only quota's side runs, on one thread. With
+    `fallback`, the baseline is quota without a fallback and the other side
+    quota with ``fallback=True``: what the resilience layer costs a healthy store.
+    `pool_size` bounds quota's connections (default: one per caller; the bare
+    side always has one per caller): fewer shows what sharing them costs.
+    `progress`, when given, receives one line as the measuring starts and one
+    per side of each run, as it ends.
+    """
+    from quota._tools import bench_quotas as _bench_quotas
+
+    if scenario not in _bench_quotas.SCENARIOS:
+        raise ConfigurationError(
+            f"scenario must be one of {', '.join(_bench_quotas.SCENARIOS)}, got {scenario!r}"
+        )
+    if pool_size is not None and (type(pool_size) is not int or pool_size < 1):
+        raise ConfigurationError(f"pool_size must be a positive integer, got {pool_size!r}")
+    for name, value in (("concurrency", concurrency), ("keys", keys), ("runs", runs)):
+        if type(value) is not int or value < 1:
+            raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+    if not 0 < duration <= 600:
+        raise ConfigurationError(f"duration must be in (0, 600] seconds, got {duration!r}")
+    check_algorithm(algorithm)
+    if algorithm != FIXED_WINDOW and scenario != "rate":
+        raise ConfigurationError(
+            f"algorithm applies to the rate scenario only, got scenario {scenario!r}"
+        )
+    parsed = parse_url(url)
+    if parsed.dialect == "memory":
+        concurrency = 1  # no driver, no I/O: one thread is the measure
+    if face == "auto":
+        face = "async" if parsed.dialect == "postgresql" else "sync"
+    driver = parsed.driver_for(asynchronous=face == "async")
+    plain = url.split("://", 1)
+    base_url = f"{parsed.dialect}://{plain[1]}"
+    if parsed.dialect not in SCHEMALESS:
+        migrate(url)
+    if fallback and (scenario != "rate" or parsed.dialect not in ("sqlite", "postgresql")):
+        raise ConfigurationError("fallback compares the rate scenario on SQLite or PostgreSQL")
+    report = BenchReport(
+        url, face, driver, concurrency, keys, duration, scenario=scenario, algorithm=algorithm,
+        fallback=fallback,
+    )  # fmt: skip
+    say = progress or (lambda _line: None)
+    say(
+        f"bench: {scenario} scenario on {driver} ({face} face), {concurrency} callers,"
+        f" {keys} keys, {runs} run(s) of {duration:g}s per side"
+    )
+    labels = (
+        {"bare": "quota without fallback", "quota": "quota with fallback"}
+        if fallback
+        else {"bare": f"bare {driver}", "quota": "quota"}
+    )
+    for run in range(runs):
+        order: tuple[str, ...] = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
+        if parsed.dialect == "memory":
+            order = ("quota",)
+        for side in order:
+            if parsed.dialect == "memory" and scenario == "rate":
+                rate = _memory_quota(base_url, keys, duration, algorithm)
+            elif scenario != "rate":
+                rate = _bench_quotas.measure(
+                    scenario, side, face, parsed, base_url, concurrency, keys, duration
+                )
+            elif fallback or side == "quota":
+                # With `fallback`, both sides are quota: without one, then with one.
+                on = fallback and side == "quota"
+                rate = (
+                    _sync_quota(
+                        base_url, concurrency, keys, duration, algorithm, fallback=on,
+                        pool_size=pool_size,
+                    )
+                    if face == "sync"
+                    else asyncio.run(
+                        _async_quota(
+                            base_url, concurrency, keys, duration, algorithm, fallback=on,
+                            pool_size=pool_size,
+                        )
+                    )
+                )  # fmt: skip
+            elif face == "sync":
+                rate = _sync_bare(parsed, concurrency, keys, duration)
+            else:
+                rate = asyncio.run(_async_bare(parsed, concurrency, keys, duration))
+            (report.bare if side == "bare" else report.quota).append(rate)
+            say(f"bench: run {run + 1}/{runs}: {labels[side]} {rate:,.0f}/s")
+    return report

@@ -1,0 +1,487 @@
+"""Never break the request path: a store wrapper that falls back to memory.
+
+`ResilientStore` (sync) and `AsyncResilientStore` wrap the database store and
+an in-memory store with the same algorithms. While the database answers,
+every statement goes to it. The first failure (an error, a timeout, a
+refused connection) marks it down, logs one line, and from then on every
+statement goes straight to memory: no per-request connection attempts pile
+up. A background probe (a daemon thread for the sync face, a task for the
+async one) retries the database every `probe_interval` seconds; when it
+answers, the fixed-window hits counted in memory during the outage are added
+to the same windows in the database (those still running), and decisions
+come from the database again. Each transition is logged once.
+
+The limiter above this wrapper turns any error that still escapes (memory
+failing too) into an allowed decision, and answers fail-closed calls with a
+denial while the store is down; see `quota._limiter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from quota._core.errors import ConfigurationError, QuotaError, StorageError
+from quota._sql import statements as _sql
+from quota._sql.statements import Statement
+from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore
+from quota._stores.url import redact
+
+T = TypeVar("T")
+log = logging.getLogger("quota")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fallback:
+    """Fail-open settings; pass ``fallback=Fallback(...)`` (or ``True``) to `quota.connect`."""
+
+    timeout: float = 0.05
+    """Seconds one store call may take before memory decides instead (a store that gives
+    no answer at all is given up at twice this)."""
+    probe_interval: float = 1.0
+    """Seconds between attempts to reach a store that is down."""
+    max_keys: int = 100_000
+    """Most keys the in-memory fallback holds (least recently used go first)."""
+
+    def __post_init__(self) -> None:
+        for name in ("timeout", "probe_interval"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value <= 600
+            ):
+                raise ConfigurationError(f"{name} must be seconds in (0, 600], got {value!r}")
+        if type(self.max_keys) is not int or self.max_keys < 1:
+            raise ConfigurationError(f"max_keys must be a positive integer, got {self.max_keys!r}")
+
+
+def _is_outage(exc: QuotaError) -> bool:
+    """True for a `StorageError` that says the database is unreachable or too slow; False
+    for one about the statement itself. A `ConfigurationError` is raised again."""
+    if isinstance(exc, ConfigurationError):
+        raise exc  # the caller's own mistake: never decided from memory
+    return isinstance(exc, StorageError) and exc.outage
+
+
+class StoreDown(StorageError):
+    """The store is down and this call may not fall back (a fail-closed limit)."""
+
+
+#: The statements whose hits memory keeps for the database while it is down, by name,
+#: and whether a hit counted only if it returned a row (a capped hit denied did not).
+_OWED_HITS = {_sql.HIT.name: False, _sql.HIT_CAPPED.name: True}
+
+
+class _Health:
+    """Up/down state, the transition log lines, and hits owed to the database."""
+
+    def __init__(self, url: str, settings: Fallback) -> None:
+        self.url = redact(url)  # for log lines and messages
+        self.settings = settings
+        self.up = True
+        self.since = time.monotonic()
+        self.last_error: BaseException | None = None
+        self._lock = threading.Lock()
+        # bucket_key -> [client_key, window_start, window, cost, window_end]
+        self._owed: dict[str, list[Any]] = {}
+        self._failed_statements = 0
+        self._next_statement_log = 0.0
+
+    def mark_down(self, exc: BaseException) -> bool:
+        """Record a failure; True if this call flipped the state (start a probe)."""
+        with self._lock:
+            self.last_error = exc
+            if not self.up:
+                return False
+            self.up = False
+            self.since = time.monotonic()
+        log.warning(
+            "quota: store %s is down (%s: %s); deciding from memory until it answers",
+            self.url, type(exc).__name__, exc,
+        )  # fmt: skip
+        return True
+
+    def statement_failed(self, exc: QuotaError) -> None:
+        """Log a statement error that is no outage: loudly, at most once a probe interval.
+
+        Such an error (a pooler that lost a prepared statement, a permission
+        missing) would fail every call alike; taking it for an outage would
+        quietly make every process decide from its own memory. The store stays
+        up, this call is decided from memory, and the log says what is wrong.
+        """
+        now = time.monotonic()
+        with self._lock:
+            self.last_error = exc
+            self._failed_statements += 1
+            if now < self._next_statement_log:
+                return
+            self._next_statement_log = now + self.settings.probe_interval
+            failed, self._failed_statements = self._failed_statements, 0
+        log.error(
+            "quota: store %s rejected %d statement(s), deciding them from memory (the store is"
+            " not down, so nothing is shared between processes for these calls): %s",
+            self.url, failed, exc,
+        )  # fmt: skip
+
+    def mark_up(self, reconciled: int) -> None:
+        with self._lock:
+            self.up = True
+            down_for = time.monotonic() - self.since
+            self.since = time.monotonic()
+        log.warning(
+            "quota: store %s is back after %.1fs; %d window(s) of outage hits written back",
+            self.url, down_for, reconciled,
+        )  # fmt: skip
+
+    def owe(self, statement: Statement, params: Sequence[Any], rows: Rows) -> None:
+        """Remember a fixed-window hit memory counted, to add it to the database later."""
+        needs_row = _OWED_HITS.get(statement.name)
+        if needs_row is None or (needs_row and not rows):
+            return
+        bucket_key, client_key, start, window, cost, _now = params[:6]
+        with self._lock:
+            entry = self._owed.get(bucket_key)
+            if entry is None:
+                self._owed[bucket_key] = [client_key, start, window, cost, start + window]
+            else:
+                entry[3] += cost
+
+    def owes(self) -> bool:
+        """True while hits counted in memory wait to be written back."""
+        return bool(self._owed)
+
+    def owe_again(self, statements: Sequence[Step]) -> None:
+        """Owe again the hits of `statements` (from `take_owed`) whose write-back failed."""
+        with self._lock:
+            for _, (bucket_key, client_key, start, window, cost, _now) in statements:
+                entry = self._owed.get(bucket_key)
+                if entry is None:
+                    self._owed[bucket_key] = [client_key, start, window, cost, start + window]
+                else:
+                    entry[3] += cost
+
+    def take_owed(self, now: float) -> list[Step]:
+        """The statements that write owed hits of still-running windows back; clears the debt."""
+        with self._lock:
+            owed, self._owed = self._owed, {}
+        return [
+            (_sql.HIT, (bucket_key, client_key, start, window, cost, now))
+            for bucket_key, (client_key, start, window, cost, end) in sorted(owed.items())
+            if end > now
+        ]
+
+
+class ResilientStore:
+    """A sync store that never raises `StorageError`: memory decides while the database is down."""
+
+    def __init__(self, primary: SyncStore, memory: SyncStore, settings: Fallback, url: str) -> None:
+        self.primary = primary
+        self.memory = memory
+        self.dialect = primary.dialect
+        self.health = _Health(url, settings)
+        self._probe: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    @property
+    def up(self) -> bool:
+        return self.health.up
+
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        if self.health.up:
+            try:
+                return self.primary.execute(statement, params)
+            except QuotaError as exc:
+                if not _is_outage(exc):
+                    self.health.statement_failed(exc)
+                    return self.memory.execute(statement, params)
+                self._down(exc)
+        rows = self.memory.execute(statement, params)
+        self.health.owe(statement, params, rows)
+        return rows
+
+    def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        """`execute` without the fallback: raise `StoreDown` while the store is down."""
+        if not self.health.up:
+            raise StoreDown(f"store {self.health.url} is down")
+        try:
+            return self.primary.execute(statement, params)
+        except QuotaError as exc:
+            if not _is_outage(exc):
+                raise
+            self._down(exc)
+            raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
+
+    def run(self, op: Op[T], *, transaction: bool) -> T:
+        # Multi-statement operations (cleanup, reset, durable quotas) are not
+        # request-path decisions: they go to the database and may raise.
+        return self.primary.run(op, transaction=transaction)
+
+    def _down(self, exc: BaseException) -> None:
+        if self.health.mark_down(exc) and not self._closed.is_set():
+            self._probe = threading.Thread(target=self._probe_loop, name="quota-probe", daemon=True)
+            self._probe.start()
+
+    def _probe_loop(self) -> None:
+        """Probe until the store answers, write the outage's hits back, then switch to it.
+
+        Owed hits whose write-back fails stay owed and are tried again every
+        probe interval, after the switch too, until written or their window
+        has ended; the loop ends once nothing is owed.
+        """
+        while not self._closed.wait(self.health.settings.probe_interval):
+            if threading.current_thread() is not self._probe:
+                return  # a newer outage has a probe of its own
+            if not self.health.up:
+                try:
+                    self.primary.execute(_sql.SCHEMA_VERSION, ())
+                except Exception as exc:
+                    self.health.last_error = exc
+                    continue
+                written = self._write_owed()
+                if written is None:
+                    continue
+                self.health.mark_up(written)
+            # Hits memory took between the write-back and the switch.
+            if self._write_owed() is not None and not self.health.owes():
+                return
+
+    def _write_owed(self) -> int | None:
+        """Write owed hits back: how many windows, or None if one failed (it and the rest
+        stay owed)."""
+        owed = self.health.take_owed(time.time())
+        for done, (statement, params) in enumerate(owed):
+            try:
+                self.primary.execute(statement, params)
+            except Exception as exc:
+                self.health.owe_again(owed[done:])
+                self.health.last_error = exc
+                return None
+        return len(owed)
+
+    def close(self) -> None:
+        self._closed.set()
+        self.primary.close()
+        self.memory.close()
+
+
+#: A store call under a fallback is given up at this many times the budget: the store's own
+#: timeouts (the server's statement and lock timeouts, SQLite's busy timeout) answer within
+#: one budget; only a store that stopped answering altogether (a network path that hangs
+#: with its sockets open) runs on, and the caller must not wait for it.
+HUNG_AFTER_BUDGETS = 2
+
+
+class _Deadlines:
+    """Cancels store calls of tasks still waiting at their deadline; one timer for all.
+
+    A call registers its task (`enter`) and leaves in a ``finally`` (`leave`); the timer
+    cancels only tasks registered, which are then suspended inside that call, so the
+    cancellation always lands there, where `AsyncResilientStore.execute` takes it back.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._due: dict[asyncio.Task[Any], float] = {}
+        self.expired: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def enter(self) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None:
+            loop = task.get_loop()
+            self._due[task] = loop.time() + self.seconds
+            if self._timer is None:
+                self._timer = loop.call_later(self.seconds, self._check, loop)
+        return task
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        self._due.pop(task, None)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        for task, due in list(self._due.items()):
+            if due <= now:
+                del self._due[task]
+                self.expired.add(task)
+                task.cancel()
+        if self._due:
+            self._timer = loop.call_at(min(self._due.values()), self._check, loop)
+
+    def taken_back(self, task: asyncio.Task[Any] | None) -> bool:
+        """True if `task`'s cancellation was this deadline's (and now undone), not a caller's."""
+        if task is None or task not in self.expired:
+            return False
+        self.expired.discard(task)
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+        return uncancel is None or uncancel() == 0
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class AsyncResilientStore:
+    """The async twin of `ResilientStore`; its probe is a task on the running loop."""
+
+    def __init__(
+        self, primary: AsyncStore, memory: AsyncStore, settings: Fallback, url: str
+    ) -> None:
+        self.primary = primary
+        self.memory = memory
+        self.dialect = primary.dialect
+        self.health = _Health(url, settings)
+        self._probe: asyncio.Task[None] | None = None
+        self._warm: asyncio.Task[Rows] | None = None
+        self._closed = False
+        self._deadlines = _Deadlines(HUNG_AFTER_BUDGETS * settings.timeout)
+
+    @property
+    def up(self) -> bool:
+        return self.health.up
+
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        if self.health.up:
+            warming = self._warm is None or not self._warm.done()
+            if warming and not await self._warmed():
+                return await self._memory(statement, params)
+            # The store's own timeouts (the server's statement and lock timeouts,
+            # the SQLite busy timeout) hold each call to the budget; `_deadlines`
+            # gives up on one that does not answer at all.
+            task = self._deadlines.enter()
+            try:
+                return await self.primary.execute(statement, params)
+            except QuotaError as exc:
+                if not _is_outage(exc):
+                    self.health.statement_failed(exc)
+                    return await self.memory.execute(statement, params)
+                self._down(exc)
+            except asyncio.CancelledError:
+                if not self._deadlines.taken_back(task):
+                    raise
+                self._down(self._hung())
+            finally:
+                if task is not None:
+                    self._deadlines.leave(task)
+        return await self._memory(statement, params)
+
+    def _hung(self) -> StorageError:
+        return StorageError(
+            f"store {self.health.url} did not answer within {self._deadlines.seconds:g}s"
+        )
+
+    async def _memory(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        rows = await self.memory.execute(statement, params)
+        self.health.owe(statement, params, rows)
+        return rows
+
+    async def _warmed(self) -> bool:
+        """Start the store (its first connection) without making a request wait past the budget.
+
+        The first call starts the connection in a task and waits for it at
+        most one budget; until it is done, memory decides. A failed start
+        marks the store down like any other failure.
+        """
+        if self._warm is None:
+            self._warm = asyncio.get_running_loop().create_task(
+                self.primary.execute(_sql.SCHEMA_VERSION, ())
+            )
+        try:
+            await asyncio.wait_for(asyncio.shield(self._warm), self.health.settings.timeout)
+        except asyncio.TimeoutError:
+            return False
+        except Exception as exc:
+            self._down(exc)
+            return False
+        return True
+
+    async def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        """`execute` without the fallback: raise `StoreDown` while the store is down, or
+        when it cannot answer within the budget (a fresh store still connecting, one that
+        stopped answering)."""
+        if not self.health.up:
+            raise StoreDown(f"store {self.health.url} is down")
+        warming = self._warm is None or not self._warm.done()
+        if warming and not await self._warmed():
+            raise StoreDown(f"store {self.health.url} is not connected yet")
+        task = self._deadlines.enter()
+        try:
+            return await self.primary.execute(statement, params)
+        except QuotaError as exc:
+            if not _is_outage(exc):
+                raise
+            self._down(exc)
+            raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
+        except asyncio.CancelledError:
+            if not self._deadlines.taken_back(task):
+                raise
+            hung = self._hung()
+            self._down(hung)
+            raise StoreDown(str(hung)) from None
+        finally:
+            if task is not None:
+                self._deadlines.leave(task)
+
+    async def run(self, op: Op[T], *, transaction: bool) -> T:
+        return await self.primary.run(op, transaction=transaction)
+
+    def _down(self, exc: BaseException) -> None:
+        if self.health.mark_down(exc) and not self._closed:
+            self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        """`ResilientStore._probe_loop`, as a task."""
+        while not self._closed:
+            await asyncio.sleep(self.health.settings.probe_interval)
+            if asyncio.current_task() is not self._probe:
+                return  # a newer outage has a probe of its own
+            if not self.health.up:
+                try:
+                    await self.primary.execute(_sql.SCHEMA_VERSION, ())
+                except Exception as exc:
+                    self.health.last_error = exc
+                    continue
+                written = await self._write_owed()
+                if written is None:
+                    continue
+                self.health.mark_up(written)
+            if await self._write_owed() is not None and not self.health.owes():
+                return
+
+    async def _write_owed(self) -> int | None:
+        """`ResilientStore._write_owed`."""
+        owed = self.health.take_owed(time.time())
+        for done, (statement, params) in enumerate(owed):
+            try:
+                await self.primary.execute(statement, params)
+            except Exception as exc:
+                self.health.owe_again(owed[done:])
+                self.health.last_error = exc
+                return None
+        return len(owed)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._deadlines.close()
+        for task in (self._probe, self._warm):
+            if task is not None and not task.done():
+                task.cancel()
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await self.primary.aclose()
+        await self.memory.aclose()
+
+
+def retry_after_down(settings: Fallback) -> int:
+    """The Retry-After a fail-closed denial gives while the store is down: the next probe."""
+    return max(1, math.ceil(settings.probe_interval))
