@@ -26,6 +26,7 @@ from quota._core.decision import parse_duration
 from quota._stores.url import KNOWN_SCHEMES, parse_url, redact
 from quota.http import HttpConfig, RoutePolicy, sign
 from quota.http._core import Guard
+from quota.http._env import ENV_VARS
 from quota.http._identity import (
     RequestInfo,
     client_ip,
@@ -35,7 +36,6 @@ from quota.http._identity import (
     parse_networks,
     verify_signature,
 )
-from quota.http._policy import ENV_VARS
 
 FUZZ = settings(
     max_examples=150,

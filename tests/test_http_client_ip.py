@@ -17,8 +17,8 @@ import pytest
 
 import quota
 from quota.http import HttpConfig, RoutePolicy
+from quota.http._env import ENV_VARS
 from quota.http._identity import client_ip, parse_networks
-from quota.http._policy import ENV_VARS
 from tests._http_support import FRAMEWORKS, HttpClient, make_client
 from tests._support import Clock
 

@@ -29,6 +29,8 @@ from quota.http import (
     SystemPressure,
     sign,
 )
+from quota.http._capacity import ScaledRates, scale_rate
+from quota.http._config import compile_paths
 from quota.http._core import LOAD_POLICIES, PASS, Guard, Hit, drive_sync
 from quota.http._identity import (
     client_ip,
@@ -39,7 +41,6 @@ from quota.http._identity import (
     parse_networks,
     verify_signature,
 )
-from quota.http._policy import ScaledRates, compile_paths, scale_rate
 from quota.http._responses import PolicyShape, expose, rate_limit_headers
 from quota.http._runtime import RuntimePolicies
 
@@ -637,6 +638,30 @@ def test_the_http_all_is_exactly_the_public_names() -> None:
     # (ruff's RUF022 keeps the order.)
     assert len(set(quota.http.__all__)) == len(quota.http.__all__)
     assert set(quota.http.__all__) == names
+
+
+def test_every_entry_point_takes_every_guard_hook_as_a_keyword() -> None:
+    """A hook added to `GuardOptions` fails here until each public constructor takes it."""
+    import inspect
+
+    from quota.http._core import GuardOptions
+    from quota.http.asgi import QuotaMiddleware
+    from quota.http.wsgi import QuotaWSGIMiddleware
+
+    fastapi = pytest.importorskip("quota.http.fastapi")
+    hooks = set(GuardOptions.__required_keys__)
+    for entry in (QuotaMiddleware, QuotaWSGIMiddleware, fastapi.RateLimit):
+        params = inspect.signature(entry).parameters
+        missing = sorted(h for h in hooks if h not in params)
+        assert not missing, (entry.__name__, missing)
+        for name in hooks:
+            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (entry.__name__, name)
+            assert params[name].default is None, (entry.__name__, name)
+
+
+def test_metrics_is_an_alias_of_http_metrics() -> None:
+    assert quota.http.Metrics is quota.http.HttpMetrics
+    assert quota.http.Metrics is not quota.Metrics
 
 
 def test_importing_quota_and_the_middlewares_imports_no_web_framework() -> None:

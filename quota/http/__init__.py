@@ -13,15 +13,11 @@ only translate requests and responses. See docs/http.md.
 
 from __future__ import annotations
 
-from quota.http._core import Metrics
+from quota.http._capacity import Plans, SystemPressure
+from quota.http._config import HttpConfig, RoutePolicy
+from quota.http._core import HttpMetrics
+from quota.http._env import ENV_VARS
 from quota.http._identity import Identity, RequestInfo, hashed_subject, sign
-from quota.http._policy import (
-    ENV_VARS,
-    HttpConfig,
-    Plans,
-    RoutePolicy,
-    SystemPressure,
-)
 from quota.http._responses import EXPOSE_HEADERS, Denial, HttpResponse
 from quota.http._runtime import (
     PolicyRow,
@@ -35,11 +31,16 @@ from quota.http._runtime import (
 )
 from quota.http._signals import PredictivePressure, Velocity
 
+Metrics = HttpMetrics
+"""Alias of `HttpMetrics`, its name before it was renamed apart from the
+Prometheus-backed `quota.Metrics`; kept so code using ``quota.http.Metrics`` keeps working."""
+
 __all__ = [
     "ENV_VARS",
     "EXPOSE_HEADERS",
     "Denial",
     "HttpConfig",
+    "HttpMetrics",
     "HttpResponse",
     "Identity",
     "Metrics",

@@ -26,13 +26,16 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from quota._core.algorithms import Rate
 from quota._core.decision import Decision
 from quota._core.errors import ConfigurationError
 from quota._wrappers.abuse import AbuseDetector, AlertCallback
 from quota._wrappers.metrics import Metrics as QuotaMetrics
+from quota.http._capacity import Plans, ScaledRates, SystemPressure
+from quota.http._config import DEFAULT_POLICY, SAFE_METHODS, HttpConfig, RoutePolicy
+from quota.http._config import _check_factors as check_factors
 from quota.http._identity import (
     ANON,
     AUTH,
@@ -46,8 +49,6 @@ from quota.http._identity import (
     hashed_subject,
     verify_signature,
 )
-from quota.http._policy import SAFE_METHODS, HttpConfig, Plans, RoutePolicy, ScaledRates
-from quota.http._policy import _check_factors as check_factors
 from quota.http._responses import (
     RATE_LIMITED,
     UNAVAILABLE,
@@ -73,7 +74,7 @@ log = logging.getLogger("quota.http")
 #: Stores whose limiter a middleware opens with group commit (the SQL ones; the
 #: memory and Redis stores decide in one call without it).
 BATCHING_DIALECTS = frozenset({"sqlite", "postgresql"})
-#: Observer of metric events: ``observer(name, labels)``; see `Metrics`.
+#: Observer of metric events: ``observer(name, labels)``; see `HttpMetrics`.
 Observer = Callable[[str, Mapping[str, str]], None]
 #: What a middleware's ``observer=`` takes: a callable as above, or a
 #: `quota.Metrics`, which then counts every decision with its route and tier
@@ -121,8 +122,12 @@ PASS = Verdict(None, [])
 Flow = Generator[Effect, Any, Verdict]
 
 
-class Metrics:
+class HttpMetrics:
     """Counters of what the middleware did, by name and labels; thread-safe.
+
+    A middleware's ``.metrics``. Not `quota.Metrics` (the Prometheus-backed
+    counters an ``observer=`` may be); ``quota.http.Metrics`` is an alias of
+    this class, kept so code written against that name keeps working.
 
     Names: ``ratelimit.hits``, ``ratelimit.blocked``, ``ratelimit.shadow_blocked``
     (route, tier); ``ratelimit.errors`` (route, mode: open/closed);
@@ -231,7 +236,7 @@ class Guard:
         if not isinstance(config, HttpConfig):
             raise ConfigurationError(f"config must be an HttpConfig, got {config!r}")
         self.config = config
-        self.metrics = Metrics(observer)
+        self.metrics = HttpMetrics(observer)
         self.plans = plans
         self.secret = resolve_secret(config, dialect)
         self.runtime = runtime_policies(config, dialect, self.metrics.inc)
@@ -239,8 +244,6 @@ class Guard:
         self._validator = token_validator
         self._factory = response_factory
         if config.adaptive and pressure is None:
-            from quota.http._policy import SystemPressure
-
             horizon = config.pressure_horizon
             pressure = PredictivePressure(horizon=horizon) if horizon > 0 else SystemPressure()
         self._pressure = pressure if config.adaptive else None
@@ -669,6 +672,46 @@ def _merged(headers: Headers, shared: Headers) -> Headers:
 # -- the two drivers ---------------------------------------------------------------
 
 
+class GuardOptions(TypedDict):
+    """The hooks every HTTP entry point hands its `Guard`, as `build_guard` takes them.
+
+    `quota.http.asgi.QuotaMiddleware`, `quota.http.wsgi.QuotaWSGIMiddleware`
+    and `quota.http.fastapi.RateLimit` take each as a keyword of the same
+    name (default None) and pass them on together; see `QuotaMiddleware` for
+    what each does.
+    """
+
+    identify: IdentifyHook | None
+    token_validator: TokenValidator | None
+    response_factory: ResponseFactory | None
+    plans: Plans | None
+    pressure: Callable[[], float] | None
+    clock: Callable[[], float] | None
+    observer: ObserverLike | None
+    on_abuse: AlertCallback | None
+
+
+def build_guard(
+    config: HttpConfig | None, options: GuardOptions, *, dialect: str,
+    app_clock: Callable[[], float] | None,
+) -> Guard:  # fmt: skip
+    """The `Guard` of a middleware or dependency on a store of `dialect`.
+
+    `config` None is `HttpConfig.from_env` with `DEFAULT_POLICY` as the
+    default class; without a ``clock`` hook the guard reads `app_clock` (the
+    limiter's), else `time.time`.
+    """
+    if config is None:
+        config = HttpConfig.from_env(default=DEFAULT_POLICY)
+    return Guard(
+        config, dialect=dialect, identify=options["identify"],
+        token_validator=options["token_validator"], response_factory=options["response_factory"],
+        plans=options["plans"], pressure=options["pressure"],
+        clock=options["clock"] or app_clock or time.time, observer=options["observer"],
+        on_abuse=options["on_abuse"],
+    )  # fmt: skip
+
+
 def drive_sync(flow: Flow, hit: Callable[[Hit], Decision], load: Callable[[], Any]) -> Verdict:
     """Run `flow`, calling `hit` and `load` for its effects (a sync limiter's calls)."""
     try:
@@ -751,4 +794,14 @@ def async_effects(
     return hit, load
 
 
-__all__ = ["LOAD_POLICIES", "PASS", "Guard", "Hit", "Metrics", "Plan", "Verdict"]
+__all__ = [
+    "LOAD_POLICIES",
+    "PASS",
+    "Guard",
+    "GuardOptions",
+    "Hit",
+    "HttpMetrics",
+    "Plan",
+    "Verdict",
+    "build_guard",
+]

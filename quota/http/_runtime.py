@@ -99,9 +99,10 @@ from quota._sql.statements import Statement
 from quota._stores.base import Op, Step
 from quota._stores.url import SCHEMALESS
 from quota._wrappers.abuse import AbuseDetector
+from quota.http._config import HttpConfig
+from quota.http._config import _check_factors as check_factors
+from quota.http._env import apply_env
 from quota.http._identity import Identity, client_ip, hashed_subject
-from quota.http._policy import HttpConfig, apply_env
-from quota.http._policy import _check_factors as check_factors
 
 if TYPE_CHECKING:
     from quota._limiter.sync_face import Limiter

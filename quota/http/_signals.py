@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from quota._core.errors import ConfigurationError
 from quota._wrappers.metrics import VELOCITY_BUCKETS
-from quota.http._policy import _system_sample
+from quota.http._capacity import _system_sample
 
 _LN2 = math.log(2)
 _exp = math.exp

@@ -17,7 +17,6 @@ itself at lifespan shutdown).
 from __future__ import annotations
 
 import asyncio
-import time
 import weakref
 from collections.abc import (
     Awaitable,
@@ -34,18 +33,21 @@ from urllib.parse import quote
 from quota._limiter import AsyncLimiter, Limiter, connect_async
 from quota._stores.url import default_url, parse_url
 from quota._wrappers.abuse import AlertCallback
+from quota.http._capacity import Plans
+from quota.http._config import HttpConfig
 from quota.http._core import (
     BATCHING_DIALECTS,
     Guard,
+    GuardOptions,
     ObserverLike,
     Verdict,
     async_effects,
+    build_guard,
     drive_async,
     drive_sync,
     sync_effects,
 )
 from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
-from quota.http._policy import DEFAULT_POLICY, HttpConfig, Plans
 from quota.http._responses import (
     CorsOrigins,
     HttpResponse,
@@ -159,22 +161,6 @@ class Limiters:
             await limiter.aclose()
 
 
-def build_guard(
-    limiters: Limiters, config: HttpConfig | None, *, identify: IdentifyHook | None,
-    token_validator: TokenValidator | None, response_factory: ResponseFactory | None,
-    plans: Plans | None, pressure: Callable[[], float] | None,
-    clock: Callable[[], float] | None, observer: ObserverLike | None,
-    on_abuse: AlertCallback | None = None,
-) -> Guard:  # fmt: skip
-    if config is None:
-        config = HttpConfig.from_env(default=DEFAULT_POLICY)
-    return Guard(
-        config, dialect=limiters.dialect, identify=identify, token_validator=token_validator,
-        response_factory=response_factory, plans=plans, pressure=pressure,
-        clock=clock or limiters.clock() or time.time, observer=observer, on_abuse=on_abuse,
-    )  # fmt: skip
-
-
 async def decide(guard: Guard, limiters: Limiters, request: RequestInfo) -> Verdict:
     """Run the core's flow for `request` on the right limiter."""
     limiter = limiters.get()
@@ -273,11 +259,10 @@ class QuotaMiddleware:
         self.app = app
         self.cors = find_cors(app) if cors_origins is None else CorsOrigins.of(cors_origins)
         self.limiters = Limiters(limiter, url)
-        self.guard = build_guard(
-            self.limiters, config, identify=identify, token_validator=token_validator,
-            response_factory=response_factory, plans=plans, pressure=pressure, clock=clock,
-            observer=observer, on_abuse=on_abuse,
-        )  # fmt: skip
+        self.guard = build_guard(config, GuardOptions(
+            identify=identify, token_validator=token_validator, response_factory=response_factory,
+            plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
+        ), dialect=self.limiters.dialect, app_clock=self.limiters.clock())  # fmt: skip
         self.metrics = self.guard.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -32,11 +32,12 @@ from starlette.responses import Response
 from quota._core.algorithms import Rate
 from quota._limiter import AsyncLimiter, Limiter
 from quota._wrappers.abuse import AlertCallback
-from quota.http._core import ObserverLike
+from quota.http._capacity import Plans
+from quota.http._config import HttpConfig, RoutePolicy
+from quota.http._core import GuardOptions, ObserverLike, build_guard
 from quota.http._identity import IdentifyHook, TokenValidator
-from quota.http._policy import HttpConfig, Plans, RoutePolicy
 from quota.http._responses import HttpResponse, ResponseFactory
-from quota.http.asgi import Limiters, asgi_request, build_guard, decide
+from quota.http.asgi import Limiters, asgi_request, decide
 
 
 class RateLimited(HTTPException):
@@ -104,11 +105,10 @@ class RateLimit:
         )  # fmt: skip
         base = config if config is not None else HttpConfig.from_env()
         self.limiters = Limiters(limiter, url)
-        self.guard = build_guard(
-            self.limiters, replace(base, policies=(), default=policy), identify=identify,
-            token_validator=token_validator, response_factory=response_factory, plans=plans,
-            pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
-        )  # fmt: skip
+        self.guard = build_guard(replace(base, policies=(), default=policy), GuardOptions(
+            identify=identify, token_validator=token_validator, response_factory=response_factory,
+            plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
+        ), dialect=self.limiters.dialect, app_clock=self.limiters.clock())  # fmt: skip
         self.metrics = self.guard.metrics
 
     async def aclose(self) -> None:

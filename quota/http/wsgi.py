@@ -19,16 +19,18 @@ from urllib.parse import quote
 from quota._limiter import Limiter, connect
 from quota._stores.url import default_url, parse_url
 from quota._wrappers.abuse import AlertCallback
+from quota.http._capacity import Plans
+from quota.http._config import HttpConfig
 from quota.http._core import (
     BATCHING_DIALECTS,
-    Guard,
+    GuardOptions,
     ObserverLike,
     Verdict,
+    build_guard,
     drive_sync,
     sync_effects,
 )
 from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
-from quota.http._policy import DEFAULT_POLICY, HttpConfig, Plans
 from quota.http._responses import CorsOrigins, ResponseFactory, expose, with_cors
 
 StartResponse = Callable[..., Any]
@@ -117,14 +119,10 @@ class QuotaWSGIMiddleware:
             # Group commit between the server's threads; a lone request goes out at once.
             limiter = connect(url, batching=dialect in BATCHING_DIALECTS)
         self.limiter = limiter
-        if config is None:
-            config = HttpConfig.from_env(default=DEFAULT_POLICY)
-        self.guard = Guard(
-            config, dialect=limiter.store.dialect, identify=identify,
-            token_validator=token_validator, response_factory=response_factory, plans=plans,
-            pressure=pressure, clock=clock or limiter.options.app_clock, observer=observer,
-            on_abuse=on_abuse,
-        )  # fmt: skip
+        self.guard = build_guard(config, GuardOptions(
+            identify=identify, token_validator=token_validator, response_factory=response_factory,
+            plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
+        ), dialect=limiter.store.dialect, app_clock=limiter.options.app_clock)  # fmt: skip
         self.metrics = self.guard.metrics
         self._effects = sync_effects(limiter)
 
