@@ -22,7 +22,7 @@ from quota._core.errors import ConfigurationError, Overloaded, QuotaError, Schem
 from quota._core.rates import parse_rates
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
 from quota._limiter.default import rate_limit, rate_limit_async
-from quota._limiter.quotas import (
+from quota._limiter.quota_types import (
     CheckDecision,
     LedgerEntry,
     QuotaDecision,

@@ -21,7 +21,7 @@ from quota._cli import main
 
 import quota
 from quota._core.decision import parse_duration
-from quota._limiter import quotas as _quotas
+from quota._limiter import quota_types as _quotas
 from quota._stores.url import parse_url, redact
 from quota.http import HttpConfig, RoutePolicy, sign
 from quota.http._identity import verify_signature
@@ -436,7 +436,7 @@ def test_the_largest_multipliers_still_decide(
 
 
 def test_scale_rate_never_builds_a_rate_out_of_bounds() -> None:
-    from quota.http._policy import scale_rate
+    from quota.http._capacity import scale_rate
 
     top = quota.Rate(limit=2**62, window=60, algorithm="token_bucket", burst=2**62,
                      refill_per_second=1e300)  # fmt: skip

@@ -329,7 +329,7 @@ def test_ctrl_c_elsewhere_is_exit_130_without_aborted(
 def test_cleanup_progress_is_quiet_off_a_terminal_unless_asked(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sys.modules["quota._cli.main"], "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(sys.modules["quota._cli.maintenance"], "PROGRESS_EVERY", 0.0)
     _expired_rows(sqlite_url, 2500)
     quiet = run("cleanup", "--url", sqlite_url, "--batch-size", "1000")
     assert quiet.exit_code == 0

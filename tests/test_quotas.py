@@ -1312,7 +1312,7 @@ def test_refund_racing_a_consume_of_the_same_key_never_deadlocks(pg_url: str) ->
 def test_a_transaction_the_database_rolled_back_for_another_is_run_again() -> None:
     """deadlock_detected / serialization_failure: nothing was written, so the operation runs
     again from scratch (made anew by `again`); any other error is raised."""
-    from quota._limiter import quotas as _quotas
+    from quota._limiter.drive_sync import run
 
     class Refused(Exception):
         def __init__(self, sqlstate: str) -> None:
@@ -1337,7 +1337,7 @@ def test_a_transaction_the_database_rolled_back_for_another_is_run_again() -> No
         return iter(())
 
     store = Store(["40P01", "40001"])
-    assert _quotas.run(store, make(), again=make) == "done"  # type: ignore[arg-type]
+    assert run(store, make(), again=make) == "done"  # type: ignore[arg-type]
     assert store.runs == 3
     with pytest.raises(quota.StorageError, match="23505"):
-        _quotas.run(Store(["23505"]), make(), again=make)  # type: ignore[arg-type]
+        run(Store(["23505"]), make(), again=make)  # type: ignore[arg-type]

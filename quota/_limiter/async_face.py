@@ -42,7 +42,8 @@ from quota._limiter.base import (
     log,
     rate_of,
 )
-from quota._limiter.quotas import (
+from quota._limiter.drive_async import arun
+from quota._limiter.quota_types import (
     CheckDecision,
     LedgerEntry,
     QuotaDecision,
@@ -229,7 +230,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         make = functools.partial(
             _quotas.consume, subject, name, limit, period, cost, idempotency_key, tz, now
         )
-        return await _quotas.arun(self.store, make(), again=make)
+        return await arun(self.store, make(), again=make)
 
     async def refund_quota(self, subject: str, name: str, idempotency_key: str) -> RefundResult:
         """Give back the charge `idempotency_key` holds (its work failed, say).
@@ -238,23 +239,23 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         says so in the result's ``status``. The key is free again afterwards.
         """
         make = functools.partial(_quotas.refund, subject, name, idempotency_key, self._clock())
-        return await _quotas.arun(self.store, make(), again=make)
+        return await arun(self.store, make(), again=make)
 
     async def grant_quota(
         self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
     ) -> QuotaUsage:
         """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
         make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())
-        return await _quotas.arun(self.store, make(), again=make)
+        return await arun(self.store, make(), again=make)
 
     async def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[QuotaUsage]:
         """`subject`'s quotas in the periods running now (every period with `include_ended`)."""
         op = _quotas.usage(subject, self._clock(), include_ended=include_ended)
-        return await _quotas.arun(self.store, op)
+        return await arun(self.store, op)
 
     async def ledger(self, subject: str, since: float | None = None) -> list[LedgerEntry]:
         """`subject`'s ledger entries, oldest first; `since` (epoch seconds or an aware datetime) filters."""
-        return await _quotas.arun(self.store, _quotas.ledger(subject, since))
+        return await arun(self.store, _quotas.ledger(subject, since))
 
     async def cleanup_ledger(
         self, *, older_than: int, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
@@ -286,7 +287,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             _quotas.check, limits, cost, idempotency_key, self._clock(),
             record_rate_denials=self._record_denials,
         )  # fmt: skip
-        return await _quotas.arun(self.store, make(), again=make)
+        return await arun(self.store, make(), again=make)
 
     async def run(self, op: Op[T], *, transaction: bool = False, strict: bool = False) -> T:
         """Run `op`, an operation of `quota._sql.statements` statements (see `quota._stores.base`), on the store.

@@ -376,8 +376,9 @@ class Backend:
         return self.asynchronous(parsed, options)
 
 
-#: Every store quota opens, by the dialect `quota._stores.url.parse_url` reads from the
-#: URL's scheme (which rejects an unknown scheme, listing the known ones).
+#: Every store quota opens, keyed by the dialects of `quota._stores.url.DIALECTS` (the one
+#: table of URL schemes and drivers; `parse_url` rejects an unknown scheme, listing the
+#: known ones). tests/test_generated.py checks that the two tables name the same dialects.
 STORES: dict[str, Backend] = {
     "sqlite": Backend(_sqlite, _async_sqlite),
     "postgresql": Backend(_postgres, _async_postgres),

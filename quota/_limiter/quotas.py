@@ -11,10 +11,12 @@ paid API units), so it lives apart, in ordinary logged tables:
   the usage change it records, so the two never disagree.
 
 Every operation here is a generator of statements (see `quota._stores.base`)
-written once for both faces and run in one transaction by `run` (sync) or
-`arun` (async). An operation that must undo what it already wrote raises
-`_Abort` with its answer: the store rolls the transaction back, and the
-driver returns the answer (or runs the follow-up operation it carries).
+written once for both faces and run in one transaction by `run` (sync,
+`quota._limiter.drive_sync`, generated from the async `arun` in
+`quota._limiter.drive_async`). An operation that must undo what it already wrote
+raises `Abort` with its answer: the store rolls the transaction back, and the
+driver returns the answer (or runs the follow-up operation it carries). The
+types callers pass and get back are in `quota._limiter.quota_types`.
 
 Semantics the issue left open, decided here:
 
@@ -32,14 +34,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from quota._core import periods as _periods
 from quota._core.decision import (
-    MAX_LIMIT,
-    MAX_WINDOW,
     Decision,
     check_int,
     check_now,
@@ -49,293 +49,57 @@ from quota._core.decision import (
 )
 from quota._core.decision import retry_after as _retry_after
 from quota._core.decision import stored_key as _stored_key
-from quota._core.errors import ConfigurationError, QuotaError, StorageError
+from quota._core.errors import ConfigurationError
+from quota._limiter.quota_types import (
+    ALREADY_REFUNDED,
+    CONSUME,
+    DENY,
+    GRANT,
+    MAX_IDEMPOTENCY_KEY_BYTES,
+    MAX_QUOTA_GRANTED,
+    MAX_QUOTA_LIMIT,
+    RATE_DENIED,
+    REFUND,
+    REFUNDED,
+    UNKNOWN_KEY,
+    Abort,
+    CheckDecision,
+    LedgerEntry,
+    Limit,
+    QuotaDecision,
+    QuotaLimit,
+    QuotaUsage,
+    RateWindow,
+    RefundResult,
+    check_key,
+    check_text,
+)
 from quota._sql import quotas as q
 from quota._sql import statements as _sql
 from quota._sql.ops import CleanupResult
 from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, Op, SyncStore
+from quota._stores.base import Op
 
-T = TypeVar("T")
-
-CONSUME = "consume"
-DENY = "deny"
-REFUND = "refund"
-GRANT = "grant"
-RATE_DENIED = "rate_denied"
-#: Every kind of ledger entry.
-KINDS = (CONSUME, DENY, REFUND, GRANT, RATE_DENIED)
-
-#: Subjects and quota names are stored as given, so they are kept short
-#: enough for one index entry (PostgreSQL btree rows stop near 2.7 kB).
-MAX_NAME_BYTES = 200
-MAX_IDEMPOTENCY_KEY_BYTES = 255
-#: Attempts at an operation that raced a concurrent refund of its key.
-_ATTEMPTS = 5
-#: The largest quota limit (and cost) accepted, and the most one period may have
-#: granted on top of it. With these bounds every sum the statements compute
-#: (``used + cost``, ``limit + granted``, ``granted + amount``) stays below 2**63,
-#: so it fits PostgreSQL's bigint and stays an INTEGER on SQLite (which turns an
-#: overflowing sum into a REAL that every later statement then chokes on).
-MAX_QUOTA_LIMIT = 2**60
-MAX_QUOTA_GRANTED = 2**61
-
-
-def check_text(argument: str, value: object, max_bytes: int = MAX_NAME_BYTES) -> str:
-    """Return `value` if it is a non-empty str that fits a row; raise `ConfigurationError` naming `argument`."""
-    if type(value) is not str:
-        raise ConfigurationError(
-            f"{argument} must be a str, got {value!r} ({type(value).__name__})"
-        )
-    if not value:
-        raise ConfigurationError(f"{argument} must be a non-empty string, got ''")
-    if "\x00" in value:
-        raise ConfigurationError(f"{argument} must not contain NUL characters, got {value!r}")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ConfigurationError(
-            f"{argument} must be valid Unicode text (no lone surrogates), got {value!r}"
-        ) from None
-    if size > max_bytes:
-        raise ConfigurationError(
-            f"{argument} must be at most {max_bytes} bytes in UTF-8, got {size} bytes:"
-            f" {value[:40]!r}…"
-        )
-    return value
-
-
-def _check_key(idempotency_key: object) -> str | None:
-    if idempotency_key is None:
-        return None
-    return check_text("idempotency_key", idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES)
-
-
-# -- what callers get back -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaDecision:
-    """The outcome of one quota consumption. Times are whole epoch seconds."""
-
-    allowed: bool
-    """True when the cost was charged (or, when `replayed`, was charged before)."""
-    used: int
-    """Units used in this period, this charge included when allowed."""
-    remaining: int
-    """Units left in this period: ``limit + granted - used``, never negative."""
-    limit: int
-    """Units per period, as passed in (before grants)."""
-    period_start: int
-    """Epoch second at which the period began."""
-    resets_at: int
-    """Epoch second at which the period ends and usage starts from zero again."""
-    retry_after: int
-    """Whole seconds until the period resets: at least 1 when denied, 0 when allowed."""
-    subject: str
-    """Who is charged (a user, an API key, an IP address)."""
-    name: str
-    """Which quota (``llm_calls``, ``demo_extractions``)."""
-    cost: int
-    """Units this call asked for."""
-    granted: int = 0
-    """Extra units granted for this period on top of `limit`."""
-    idempotency_key: str | None = None
-    """The key the call carried, if any."""
-    replayed: bool = False
-    """True when the key already held a charge: this is that original decision, nothing was charged now."""
-
-
-@dataclass(frozen=True, slots=True)
-class RefundResult:
-    """What `refund_quota` did. A refund that does nothing says why in `status`."""
-
-    refunded: bool
-    """True when a charge was given back by this call."""
-    status: str
-    """``refunded``, ``already_refunded`` or ``unknown_key`` (no charge ever held this key)."""
-    subject: str
-    name: str
-    idempotency_key: str
-    amount: int
-    """Units given back (0 when nothing was refunded)."""
-    used: int | None = None
-    """Units used in the charge's period after the refund (None when nothing was refunded)."""
-    period_start: int | None = None
-    """Start of the period the charge was taken from."""
-
-
-REFUNDED = "refunded"
-ALREADY_REFUNDED = "already_refunded"
-UNKNOWN_KEY = "unknown_key"
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaUsage:
-    """One quota of one subject in one period, as `quota_usage` lists it."""
-
-    subject: str
-    name: str
-    period: str | int
-    """``day``, ``week``, ``month`` or seconds, as last used."""
-    tz: str | None
-    """The time zone calendar periods follow (None for periods of seconds)."""
-    period_start: int
-    resets_at: int
-    limit: int | None
-    """The limit of the last consumption (None when the period only saw grants)."""
-    used: int
-    granted: int
-    remaining: int | None
-    """``limit + granted - used``, never negative (None when the limit is unknown)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One row of the append-only ledger."""
-
-    id: int
-    """Increases with every entry (gaps are possible)."""
-    at: float
-    """Epoch seconds of the entry (the limiter's clock)."""
-    subject: str
-    name: str
-    """The quota name; ``rate:<window>s`` for a rate-window denial."""
-    kind: str
-    """``consume``, ``deny``, ``refund``, ``grant`` or ``rate_denied``."""
-    cost: int
-    """Units charged, asked for (denials), given back or granted."""
-    idempotency_key: str | None
-    period_start: int | None
-    resets_at: int | None
-    limit: int | None
-    used: int | None
-    """Units used in the period after this entry."""
-    remaining: int | None
-    refunded_at: float | None
-    """For a charge: when it was refunded, if it was."""
-
-
-@dataclass(frozen=True)
-class RateWindow:
-    """A fixed rate window for `check`: the same counter `rate_limit(key, limit, window)` uses."""
-
-    key: str
-    """The caller's key, as given to `rate_limit`."""
-    limit: int
-    """Hits allowed per window."""
-    window: int
-    """Window length in seconds."""
-
-    def __post_init__(self) -> None:
-        _stored_key(self.key)
-        check_int("limit", self.limit, maximum=MAX_LIMIT)
-        check_int("window", self.window, maximum=MAX_WINDOW)
-
-
-@dataclass(frozen=True)
-class QuotaLimit:
-    """A durable quota for `check`: the same usage `consume_quota` charges."""
-
-    subject: str
-    """Who is charged."""
-    name: str
-    """Which quota."""
-    limit: int
-    """Units per period."""
-    period: str | int
-    """``day``, ``week`` (ISO, from Monday), ``month``, or whole seconds."""
-    tz: str | None = None
-    """IANA time zone calendar periods follow; None for UTC."""
-
-    def __post_init__(self) -> None:
-        check_text("subject", self.subject)
-        check_text("name", self.name)
-        check_int("limit", self.limit, maximum=MAX_QUOTA_LIMIT)
-        _periods.load_zone(self.tz, _periods.check_period(self.period))
-
-
-Limit = RateWindow | QuotaLimit
-
-
-@dataclass(frozen=True, slots=True)
-class CheckDecision:
-    """The outcome of an all-or-nothing `check` of several limits."""
-
-    allowed: bool
-    """True when every limit allowed and all were charged; False when none was charged."""
-    denied_by: RateWindow | QuotaLimit | None
-    """The first limit (in the order given) that denied, or None."""
-    retry_after: int
-    """The longest `retry_after` of the limits that denied (0 when allowed)."""
-    decisions: tuple[Decision | QuotaDecision, ...]
-    """One decision per limit, in the order given. When denied, nothing was charged and
-    each says whether that limit alone would have allowed the call, with its counts
-    as they stand (the charge not included)."""
-    replayed: bool = False
-    """True when the idempotency key already held this check's charge: nothing was charged now."""
-
-
-# -- driving operations ------------------------------------------------------------------
-
-
-class _Abort(QuotaError):
-    """Raised inside an operation to roll its transaction back and answer `result` instead.
-
-    With `then`, the driver runs that operation next, in a transaction of its
-    own, and answers what it returns. A `QuotaError` so that every store lets
-    it through unwrapped; it never leaves this module's drivers.
-    """
-
-    def __init__(self, result: Any, then: Op[Any] | None = None) -> None:
-        super().__init__("rolled back on purpose")
-        self.result = result
-        self.then = then
-
-
-#: SQLSTATEs of a transaction the database gave up on to let another through
-#: (serialization_failure, deadlock_detected): rolled back whole, safe to run again.
-_RETRYABLE = ("40001", "40P01")
-
-
-def _retryable(exc: StorageError) -> bool:
-    return getattr(exc.__cause__, "sqlstate", None) in _RETRYABLE
-
-
-def run(store: SyncStore, op: Op[T], again: Callable[[], Op[T]] | None = None) -> T:
-    """Drive `op` in one transaction on a sync store; see `_Abort`. A transaction the
-    database rolled back to let another through is run again (`again` makes the op anew)."""
-    for _ in range(_ATTEMPTS):
-        try:
-            return store.run(op, transaction=True)
-        except _Abort as abort:
-            if abort.then is None:
-                result: T = abort.result
-                return result
-            op = abort.then
-        except StorageError as exc:
-            if again is None or not _retryable(exc):
-                raise
-            op = again()
-    raise StorageError(f"gave up after {_ATTEMPTS} attempts raced concurrent transactions")
-
-
-async def arun(store: AsyncStore, op: Op[T], again: Callable[[], Op[T]] | None = None) -> T:
-    """`run` on an async store."""
-    for _ in range(_ATTEMPTS):
-        try:
-            return await store.run(op, transaction=True)
-        except _Abort as abort:
-            if abort.then is None:
-                result: T = abort.result
-                return result
-            op = abort.then
-        except StorageError as exc:
-            if again is None or not _retryable(exc):
-                raise
-            op = again()
-    raise StorageError(f"gave up after {_ATTEMPTS} attempts raced concurrent transactions")
-
+#: The operations, and the public types re-exported from `quota._limiter.quota_types`
+#: (code that imports them from here keeps working).
+__all__ = [
+    "CheckDecision",
+    "LedgerEntry",
+    "QuotaDecision",
+    "QuotaLimit",
+    "QuotaUsage",
+    "RateWindow",
+    "RefundResult",
+    "check",
+    "cleanup_ledger",
+    "consume",
+    "grant",
+    "ledger",
+    "rate_denial",
+    "record_rate_denial",
+    "refund",
+    "usage",
+]
 
 # -- placing a call in its period --------------------------------------------------------
 
@@ -437,7 +201,7 @@ def consume(
     checked_limit = check_int("limit", limit, maximum=MAX_QUOTA_LIMIT)
     checked_cost = check_int("cost", cost, maximum=checked_limit)
     spot = _spot(subject, name, period, tz, now)
-    key = _check_key(idempotency_key)
+    key = check_key(idempotency_key)
     return _consume(spot, checked_limit, checked_cost, key, now)
 
 
@@ -451,9 +215,9 @@ def _consume(spot: _Spot, limit: int, cost: int, key: str | None, now: float) ->
             # The key already holds a charge: undo ours, answer the original.
             held = yield q.LEDGER_HELD, (spot.subject, spot.name, key)
             if held:
-                raise _Abort(_replayed(spot.subject, spot.name, key, held[0]))
+                raise Abort(_replayed(spot.subject, spot.name, key, held[0]))
             # Refunded between the two statements: decide again from scratch.
-            raise _Abort(None, then=_consume(spot, limit, cost, key, now))
+            raise Abort(None, then=_consume(spot, limit, cost, key, now))
         return decision
     if key is not None:
         # A retry of a charge that went through, now that the period is full.
@@ -492,7 +256,7 @@ def _refund(subject: str, name: str, key: str, now: float) -> Op[RefundResult]:
     marked = yield q.LEDGER_MARK_REFUNDED, (now, subject, name, key)
     if not marked or (int(marked[0][0]), int(marked[0][1])) != (cost, start):
         # Refunded (and maybe charged again) between the look and the locks: undo, retry.
-        raise _Abort(None, then=_refund(subject, name, key, now))
+        raise Abort(None, then=_refund(subject, name, key, now))
     used = granted = limit = remaining = None
     if usage:
         used, granted = int(usage[0][0]), int(usage[0][1])
@@ -738,7 +502,7 @@ def check(
 ) -> Op[CheckDecision]:  # fmt: skip
     """Charge every limit in `limits` or none of them; see `Limiter.check`."""
     steps, checked_cost = _steps(limits, cost, now)
-    key = _check_key(idempotency_key)
+    key = check_key(idempotency_key)
     if key is not None and not any(isinstance(s, _QuotaStep) for s in steps):
         raise ConfigurationError(
             f"idempotency_key={key!r} needs at least one QuotaLimit among the limits:"
@@ -792,14 +556,14 @@ def _check(
                 assert isinstance(decision, QuotaDecision)
                 claimed = yield q.LEDGER_CHARGE, _entry(now, CONSUME, decision)
                 if not claimed:
-                    raise _Abort(None, then=_replay_check(steps, n, cost, key, now))
+                    raise Abort(None, then=_replay_check(steps, n, cost, key, now))
         return CheckDecision(True, None, 0, tuple(final))
     if key is not None:
         for step in steps:
             if isinstance(step, _QuotaStep):
                 held = yield q.LEDGER_HELD, (step.spot.subject, step.spot.name, key)
                 if held:
-                    raise _Abort(None, then=_replay_check(steps, n, cost, key, now))
+                    raise Abort(None, then=_replay_check(steps, n, cost, key, now))
     # Everything this transaction charged is rolled back: report the counts without it.
     uncharged = tuple(_uncharged(d, cost) if charged[i] else d for i, d in enumerate(final))
     result = CheckDecision(
@@ -817,7 +581,7 @@ def _check(
             entries.append(_entry(now, DENY, decision))
         elif record_rate_denials:
             entries.append(rate_denial(decision, cost, now)[1])
-    raise _Abort(result, then=_append_entries(entries, result))
+    raise Abort(result, then=_append_entries(entries, result))
 
 
 def _limit_of(steps: list[_RateStep | _QuotaStep], index: int) -> RateWindow | QuotaLimit:

@@ -44,7 +44,8 @@ from quota._limiter.base import (
     memory_fallback,
     rate_of,
 )
-from quota._limiter.quotas import (
+from quota._limiter.drive_sync import run
+from quota._limiter.quota_types import (
     CheckDecision,
     LedgerEntry,
     QuotaDecision,
@@ -229,7 +230,7 @@ class Limiter(LimiterBase[SyncStore]):
         make = functools.partial(
             _quotas.consume, subject, name, limit, period, cost, idempotency_key, tz, now
         )
-        return _quotas.run(self.store, make(), again=make)
+        return run(self.store, make(), again=make)
 
     def refund_quota(self, subject: str, name: str, idempotency_key: str) -> RefundResult:
         """Give back the charge `idempotency_key` holds (its work failed, say).
@@ -238,23 +239,23 @@ class Limiter(LimiterBase[SyncStore]):
         says so in the result's ``status``. The key is free again afterwards.
         """
         make = functools.partial(_quotas.refund, subject, name, idempotency_key, self._clock())
-        return _quotas.run(self.store, make(), again=make)
+        return run(self.store, make(), again=make)
 
     def grant_quota(
         self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
     ) -> QuotaUsage:
         """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
         make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())
-        return _quotas.run(self.store, make(), again=make)
+        return run(self.store, make(), again=make)
 
     def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[QuotaUsage]:
         """`subject`'s quotas in the periods running now (every period with `include_ended`)."""
         op = _quotas.usage(subject, self._clock(), include_ended=include_ended)
-        return _quotas.run(self.store, op)
+        return run(self.store, op)
 
     def ledger(self, subject: str, since: float | None = None) -> list[LedgerEntry]:
         """`subject`'s ledger entries, oldest first; `since` (epoch seconds or an aware datetime) filters."""
-        return _quotas.run(self.store, _quotas.ledger(subject, since))
+        return run(self.store, _quotas.ledger(subject, since))
 
     def cleanup_ledger(
         self, *, older_than: int, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False
@@ -286,7 +287,7 @@ class Limiter(LimiterBase[SyncStore]):
             _quotas.check, limits, cost, idempotency_key, self._clock(),
             record_rate_denials=self._record_denials,
         )  # fmt: skip
-        return _quotas.run(self.store, make(), again=make)
+        return run(self.store, make(), again=make)
 
     def run(self, op: Op[T], *, transaction: bool = False, strict: bool = False) -> T:
         """Run `op`, an operation of `quota._sql.statements` statements (see `quota._stores.base`), on the store.

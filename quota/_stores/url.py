@@ -25,24 +25,39 @@ from quota._core.errors import ConfigurationError
 DEFAULT_URL = "sqlite:///quota.sqlite3"
 ENV_VAR = "QUOTA_DATABASE_URL"
 
-_SYNC_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg", "memory": "memory", "redis": "redis"}  # fmt: skip
-_ASYNC_DRIVERS = {
-    "sqlite": "aiosqlite", "postgresql": "asyncpg", "memory": "memory", "redis": "redis.asyncio",
-}  # fmt: skip
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What quota knows of one kind of store: its URL schemes and each face's driver."""
+
+    schemes: tuple[str, ...]
+    """The URL schemes that name it (with a ``+driver`` suffix too, where one exists)."""
+    sync_driver: str
+    """The driver of the sync face (`quota.connect`)."""
+    async_driver: str
+    """The driver of the async face (`quota.connect_async`)."""
+    schemaless: bool = False
+    """True when it keeps no SQL schema (nothing to migrate)."""
+
+
+#: Every dialect quota opens, by the name `StoreURL.dialect` carries: the one source of the
+#: URL schemes and drivers. ``quota._limiter.base.STORES`` opens a store for each (a test
+#: keeps the two in step).
+DIALECTS: dict[str, Dialect] = {
+    "sqlite": Dialect(("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite"), "pysqlite", "aiosqlite"),
+    "postgresql": Dialect(
+        ("postgres", "postgresql", "postgresql+asyncpg", "postgresql+psycopg"), "psycopg", "asyncpg"
+    ),
+    "memory": Dialect(("memory",), "memory", "memory", schemaless=True),
+    "redis": Dialect(("redis", "rediss"), "redis", "redis.asyncio", schemaless=True),
+}
+_SYNC_DRIVERS = {name: dialect.sync_driver for name, dialect in DIALECTS.items()}
+_ASYNC_DRIVERS = {name: dialect.async_driver for name, dialect in DIALECTS.items()}
 #: Stores without a SQL schema (nothing to migrate).
-SCHEMALESS = ("memory", "redis")
-KNOWN_SCHEMES = (
-    "memory",
-    "postgres",
-    "postgresql",
-    "postgresql+asyncpg",
-    "postgresql+psycopg",
-    "redis",
-    "rediss",
-    "sqlite",
-    "sqlite+aiosqlite",
-    "sqlite+pysqlite",
-)
+SCHEMALESS = tuple(name for name, dialect in DIALECTS.items() if dialect.schemaless)
+#: Every URL scheme `parse_url` accepts, sorted (as error messages list them).
+KNOWN_SCHEMES = tuple(sorted(scheme for dialect in DIALECTS.values() for scheme in dialect.schemes))
+_DIALECT_OF = {scheme: name for name, dialect in DIALECTS.items() for scheme in dialect.schemes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,18 +211,17 @@ def parse_url(url: object) -> StoreURL:
             f" known schemes: {', '.join(KNOWN_SCHEMES)}"
         )
     scheme, rest = url.split("://", 1)
-    if scheme not in KNOWN_SCHEMES:
+    dialect = _DIALECT_OF.get(scheme)
+    if dialect is None:
         raise ConfigurationError(
             f"unknown url scheme {scheme!r} in {redact(url)!r};"
             f" known schemes: {', '.join(KNOWN_SCHEMES)}"
         )
-    if scheme == "memory":
+    if dialect == "memory":
         return StoreURL(url, "memory", None, rest)
-    if scheme in ("redis", "rediss"):
+    if dialect == "redis":
         return StoreURL(url, "redis", None, url)
-    dialect, _, driver = scheme.partition("+")
-    if dialect == "postgres":
-        dialect = "postgresql"
+    driver = scheme.partition("+")[2]
     if dialect == "sqlite":
         # sqlite:///rel.db -> "rel.db"; sqlite:////abs.db -> "/abs.db"
         path = rest[1:] if rest.startswith("/") else rest

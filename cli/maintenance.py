@@ -1,0 +1,262 @@
+"""``quota migrate``, ``downgrade`` and ``cleanup``: the schema and the sweep of expired rows.
+
+(``quota doctor`` is in `cli.doctor`.) Exit codes as for every command (see `cli.main`).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+import quota
+from quota._sql import ops as _ops
+
+from .main import (
+    EXIT_INTERRUPTED,
+    WHOLE,
+    Echo,
+    _duration,
+    _errors,
+    _json_option,
+    _limiter,
+    _on_terminal,
+    _progress_option,
+    _require_database,
+    _url,
+    _wants_progress,
+    main,
+    url_option,
+)
+
+
+def _revision_out(ctx: click.Context, as_json: bool) -> None:
+    with _errors():
+        now = quota.current_revision(_url(ctx))
+    click.echo(f"quota schema at {now or 'base (no quota tables)'}", err=True)
+    if as_json:
+        click.echo(json.dumps({"revision": now}))
+
+
+@main.command()
+@url_option
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.option("--sql", is_flag=True, help="Print the SQL instead of running it (for a DBA).")
+@click.option(
+    "--logged-counters",
+    is_flag=True,
+    help="PostgreSQL: create the counters table as a normal logged table instead of UNLOGGED.",
+)
+@click.option(
+    "--partitioned-counters",
+    is_flag=True,
+    help="PostgreSQL: create the counters table range-partitioned by window start, so"
+    " cleanup drops whole expired partitions instead of deleting rows.",
+)
+@_json_option
+@click.pass_context
+def migrate(
+    ctx: click.Context, revision: str, sql: bool, logged_counters: bool, partitioned_counters: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Create or upgrade the quota tables (the deploy step).
+
+    With --json, prints the revision reached: {"revision": "…"}.
+    """
+    if sql and as_json:
+        raise click.UsageError("--sql prints the SQL, --json the revision reached: give one")
+    with _errors():
+        quota.migrate(
+            _url(ctx), revision=revision, sql=sql, counters_logged=logged_counters,
+            counters_partitioned=partitioned_counters,
+        )  # fmt: skip
+    if not sql:
+        _revision_out(ctx, as_json)
+
+
+@main.command()
+@url_option
+@click.argument("revision")
+@click.option("--sql", is_flag=True, help="Print the SQL instead of running it.")
+@click.option(
+    "--drop-data", is_flag=True,
+    help="Drop tables that hold durable rows (quota usage, the ledger, runtime policies);"
+    " without it such a downgrade is refused (exit 2, a usage error) and names the tables and row counts.",
+)  # fmt: skip
+@_json_option
+@click.pass_context
+def downgrade(ctx: click.Context, revision: str, sql: bool, drop_data: bool, as_json: bool) -> None:
+    """Downgrade the quota tables to REVISION ('base' drops them all).
+
+    With --json, prints the revision reached ({"revision": null} at base).
+    """
+    if sql and as_json:
+        raise click.UsageError("--sql prints the SQL, --json the revision reached: give one")
+    if not sql:
+        _require_database(_url(ctx))
+    with _errors():
+        quota.downgrade(_url(ctx), revision=revision, sql=sql, drop_data=drop_data)
+    if not sql:
+        _revision_out(ctx, as_json)
+
+
+#: Seconds between two progress lines of a long command.
+PROGRESS_EVERY = 1.0
+
+
+class _Stopped(BaseException):
+    """SIGTERM or Ctrl-C reached ``cleanup --every`` mid-sweep: stop after this slice.
+
+    A BaseException, so no store turns it into a `quota.StorageError`.
+    """
+
+
+class _Sweep:
+    """One cleanup's progress: the rows deleted so far, and a line now and then when shown."""
+
+    def __init__(self, echo: Echo, *, show: bool, stop: threading.Event) -> None:
+        self.echo = echo
+        self.show = show
+        self.stop = stop
+        self.start()
+
+    def start(self) -> None:
+        self.deleted = 0
+        self.ledger = False  # past the rate windows, trimming the ledger
+        self.shown_at = time.monotonic()
+
+    def __call__(self, deleted: int) -> None:
+        self.deleted = deleted
+        if self.show and time.monotonic() - self.shown_at >= PROGRESS_EVERY:
+            self.shown_at = time.monotonic()
+            self.echo.err(f"cleanup: {deleted:,} rows deleted so far")
+        if self.stop.is_set():
+            raise _Stopped
+
+    def summary(self) -> str:
+        done = f"at least {self.deleted:,} rows deleted"
+        if self.ledger:
+            return f"{done}, then stopped while trimming the ledger"
+        return done
+
+
+def _cleanup(
+    limiter: quota.Limiter, *, grace: int, batch_size: int, dry_run: bool, progress: _Sweep
+) -> _ops.CleanupResult:
+    """`Limiter.cleanup`, reporting each committed batch to `progress`."""
+    op = _ops.cleanup(
+        limiter.store.dialect, limiter._clock(), grace=grace, batch_size=batch_size,
+        dry_run=dry_run, progress=progress,
+    )  # fmt: skip
+    return limiter.store.run(op, transaction=False)
+
+
+@main.command()
+@url_option
+@click.option(
+    "--grace", default="60s", show_default=True, callback=_duration("grace"),
+    help="Keep windows that ended less than this long ago.",
+)  # fmt: skip
+@click.option(
+    "--batch-size", type=WHOLE, default=10_000, show_default=True, help="Rows per DELETE."
+)
+@click.option("--dry-run", is_flag=True, help="Only count the expired rows.")
+@click.option(
+    "--every", callback=_duration("every"),
+    help="Keep running and clean on this period (e.g. 30m) until SIGTERM or Ctrl-C;"
+    " each line starts with the UTC time.",
+)  # fmt: skip
+@click.option(
+    "--ledger-older-than", callback=_duration("ledger-older-than"),
+    help="Also delete quota ledger entries older than this (e.g. 400d; at least 1d).",
+)  # fmt: skip
+@_progress_option
+@_json_option
+@click.pass_context
+def cleanup(
+    ctx: click.Context, grace: int, batch_size: int, dry_run: bool, every: int | None,
+    ledger_older_than: int | None, progress: bool | None, as_json: bool,
+) -> None:  # fmt: skip
+    """Delete rate windows and algorithm state that have ended. Never touches durable quotas' usage.
+
+    The quota ledger is kept forever unless --ledger-older-than is given:
+    then its entries older than that go too (idempotency keys of charges
+    deleted with them are forgotten).
+
+    On PostgreSQL only one cleanup runs at a time: a second one says so and
+    exits 0. Ctrl-C stops a cleanup between two batches (every batch deleted
+    stays deleted), says how many rows went and exits 130; under --every,
+    SIGTERM or Ctrl-C stops it the same way and exits 0.
+    """
+    if ledger_older_than is not None and ledger_older_than < 86400:
+        raise click.BadParameter("must be at least 1d", param_hint="--ledger-older-than")
+    if every is not None and every < 1:
+        raise click.BadParameter("must be at least 1s", param_hint="--every")
+    echo = Echo(stamped=every is not None)
+    stop = threading.Event()
+    sweep = _Sweep(echo, show=_wants_progress(progress), stop=stop)
+
+    def once(limiter: quota.Limiter) -> None:
+        sweep.start()
+        result = _cleanup(
+            limiter, grace=grace, batch_size=batch_size, dry_run=dry_run, progress=sweep
+        )
+        if result.skipped:
+            text = "another cleanup is running; skipped"
+        elif result.dry_run:
+            text = f"{result.expired:,} expired row(s) would be deleted"
+        else:
+            text = f"deleted {result.deleted:,} expired row(s)"
+        data: dict[str, Any] = asdict(result)
+        if ledger_older_than is not None:
+            sweep.ledger = True
+            kept = limiter.cleanup_ledger(
+                older_than=ledger_older_than, batch_size=batch_size, dry_run=dry_run
+            )
+            data["ledger"] = asdict(kept)
+            verb = "would be deleted" if kept.dry_run else "deleted"
+            text += f"\n{kept.expired} ledger entr{'y' if kept.expired == 1 else 'ies'} {verb}"
+        echo.emit(data, as_json, text)
+
+    with _errors(), _limiter(ctx) as limiter:
+        try:
+            if every is None:
+                once(limiter)
+            else:
+                _every(every, lambda: once(limiter), echo, stop)
+        except KeyboardInterrupt:
+            what = "nothing deleted (a dry run)" if dry_run else sweep.summary()
+            if _on_terminal():
+                click.echo(err=True)  # off the line where Ctrl-C echoed "^C"
+            echo.err(f"cleanup interrupted: {what}; run it again to finish")
+            sys.exit(EXIT_INTERRUPTED)
+        except _Stopped:
+            echo.err(f"stopped mid-sweep: {sweep.summary()}")
+
+
+def _every(period: int, job: Callable[[], None], echo: Echo, stop: threading.Event) -> None:
+    """Run `job` now and then every `period` seconds until SIGTERM/SIGINT; survive failing runs."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        echo.err(f"received {signal.Signals(signum).name}, stopping")
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.is_set():
+            try:
+                job()
+            except quota.QuotaError as exc:
+                # A scheduler must outlive a database blip: report, retry next period.
+                echo.err(f"Error: {exc}")
+            stop.wait(period)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,127 @@
+"""``quota hit``, ``peek``, ``reset`` and ``top``: rate-limit windows from the shell.
+
+Exit codes as for every command (see `cli.main`): ``hit`` and ``peek`` exit 4 when denied.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict
+
+import click
+
+import quota
+
+from .main import (
+    EXIT_DENIED,
+    WHOLE,
+    _duration,
+    _emit,
+    _errors,
+    _json_option,
+    _limiter,
+    human_duration,
+    main,
+    url_option,
+    utc,
+    when,
+)
+
+
+def _decision_out(decision: quota.Decision, as_json: bool) -> None:
+    headers = decision.headers()
+    data = {**asdict(decision), "headers": headers}
+    verdict = "allowed" if decision.allowed else "denied"
+    now = time.time()
+    lines = [
+        f"{verdict}: {decision.key!r} {decision.count}/{decision.limit}"
+        f" in a {human_duration(decision.window)} window, {decision.remaining} remaining,"
+        f" resets {when(decision.reset_at, now)}"
+        + (f", retry in {human_duration(decision.retry_after)}" if not decision.allowed else ""),
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    _emit(data, as_json, "\n".join(lines))
+    if not decision.allowed:
+        sys.exit(EXIT_DENIED)
+
+
+_limit_option = click.option(
+    "--limit", "-l", type=WHOLE, required=True, help="Hits allowed per window."
+)
+_window_option = click.option(
+    "--window",
+    "-w",
+    required=True,
+    callback=_duration("window"),
+    help="Window: 60, 60s, 1m, 1h, 1d.",
+)
+
+
+@main.command()
+@url_option
+@click.argument("key")
+@_limit_option
+@_window_option
+@click.option(
+    "--cost", type=WHOLE, default=1, show_default=True, help="Hits this request counts for."
+)
+@_json_option
+@click.pass_context
+def hit(ctx: click.Context, key: str, limit: int, window: int, cost: int, as_json: bool) -> None:
+    """Count one hit on KEY; print the decision and the HTTP headers an app would send.
+
+    Exits 0 when allowed, 4 when denied.
+    """
+    with _errors(), _limiter(ctx) as limiter:
+        decision = limiter.rate_limit(key, limit, window, cost=cost)
+    _decision_out(decision, as_json)
+
+
+@main.command()
+@url_option
+@click.argument("key")
+@_limit_option
+@_window_option
+@_json_option
+@click.pass_context
+def peek(ctx: click.Context, key: str, limit: int, window: int, as_json: bool) -> None:
+    """Show KEY's current window without counting a hit (exit 4 if the next hit would be denied)."""
+    with _errors(), _limiter(ctx) as limiter:
+        decision = limiter.peek(key, limit, window)
+    _decision_out(decision, as_json)
+
+
+@main.command()
+@url_option
+@click.argument("key")
+@click.option("--window", "-w", callback=_duration("window"), help="Only windows of this length.")
+@_json_option
+@click.pass_context
+def reset(ctx: click.Context, key: str, window: int | None, as_json: bool) -> None:
+    """Forget KEY's counts, so its next hit starts a fresh window."""
+    with _errors(), _limiter(ctx) as limiter:
+        deleted = limiter.reset(key, window)
+    data = {"key": key, "window": window, "deleted": deleted}
+    _emit(data, as_json, f"reset {key!r}: {deleted} row(s) deleted")
+
+
+@main.command()
+@url_option
+@click.option("-n", "count", type=WHOLE, default=10, show_default=True, help="How many keys.")
+@_json_option
+@click.pass_context
+def top(ctx: click.Context, count: int, as_json: bool) -> None:
+    """The busiest keys in the windows running now."""
+    with _errors(), _limiter(ctx) as limiter:
+        rows = limiter.top(count)
+    now = time.time()
+    text = "\n".join(
+        [f"{'COUNT':>8}  {'WINDOW':>7}  {'RESETS IN':>9}  {'RESETS AT (UTC)':<20}  KEY"]
+        + [
+            f"{u.count:>8}  {human_duration(u.window):>7}  {human_duration(u.reset_at - now):>9}"
+            f"  {utc(u.reset_at):<20}  {u.key}"
+            for u in rows
+        ]
+    )
+    _emit([asdict(u) for u in rows], as_json, text)
