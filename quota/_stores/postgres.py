@@ -558,12 +558,12 @@ class AsyncPostgresStore(_PostgresServer):
         if statement is None:
             statement = prepared[sql] = await conn.prepare(sql)
         try:
-            return await statement.fetch(*params)  # type: ignore[no-any-return]
+            return await statement.fetch(*params)
         except _STALE_STATEMENT:
             # The schema changed under the statement (a migration): drop
             # it; asyncpg's own path prepares afresh and retries.
             prepared.pop(sql, None)
-            return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
+            return await conn.fetch(sql, *params)
 
     async def run(self, op: Op[T], *, transaction: bool) -> T:
         pool, conn = await self._acquire()

@@ -3,7 +3,7 @@
 Everything here is pure: validated dataclasses and the path patterns they
 compile. `HttpConfig` is the one configuration object of the HTTP layer;
 `HttpConfig.from_env` builds it from ``QUOTA_*`` variables (and the
-``RATE_LIMIT_*`` names the design inputs used) through
+``RATE_LIMIT_*`` names other rate limiters use) through
 `quota.http._env.apply_env`, failing at start-up with a message naming any
 malformed variable. How a route class's rates scale per caller is in
 `quota.http._capacity`.
@@ -41,7 +41,7 @@ PROBLEM_TYPES = ("quota-exceeded", "about:blank")
 DEFAULT_TIER_MULTIPLIERS: Mapping[str, float] = {
     ANON: 1.0, AUTH: 5.0, TRUSTED: 10.0, "staff": 2.0, "admin": 10.0,
 }  # fmt: skip
-#: Plan scales of the token-bucket design input; an unknown plan or a cache miss is 1x.
+#: Plan scales by default; an unknown plan or a cache miss is 1x.
 DEFAULT_PLAN_SCALES: Mapping[str, float] = {"enterprise": 3.0, "pro": 1.5, "free": 1.0}
 #: Under pressure (at or above the threshold) these tiers keep this share of capacity.
 DEFAULT_PRESSURE_FACTORS: Mapping[str, float] = {"staff": 0.85, AUTH: 0.7, ANON: 0.55}
@@ -146,7 +146,7 @@ class RoutePolicy:
     """Methods this class covers (others fall to the next class); None means all."""
     tier_rates: Mapping[str, str | Rate | Sequence[Rate]] = field(default_factory=dict)
     """Exact limits for named tiers, used instead of ``rates x multiplier``
-    (``{"auth": "60/minute"}``, as the d1 design's ``*_AUTHED_PER_MIN``)."""
+    (``{"auth": "60/minute"}``, as ``RATE_LIMIT_<NAME>_AUTHED_PER_MIN`` sets)."""
     algorithm: str | None = None
     """Algorithm for rate strings without a burst (``fixed_window`` when None)."""
     cost: int = 1

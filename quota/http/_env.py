@@ -1,7 +1,7 @@
 """Environment variables of the HTTP layer: `ENV_VARS` and `apply_env`.
 
 `HttpConfig.from_env` lays the ``QUOTA_*`` variables (and the
-``RATE_LIMIT_*`` names the design inputs used) over the settings given in
+``RATE_LIMIT_*`` names other rate limiters use) over the settings given in
 code. Every variable set is checked, used or not: a malformed one raises
 `ConfigurationError` naming it and its value.
 """
