@@ -440,3 +440,35 @@ def test_a_cli_change_shows_in_json_with_its_stamp(sqlite_url: str) -> None:
     code, out = _cli(sqlite_url, "set", "api", "--rates", "5/minute", "--json")
     assert code == 0
     assert json.loads(out)["updated_at"] > 0
+
+
+@pytest.mark.parametrize(
+    ("row_algorithm", "expected"),
+    [(None, ["sliding_window", "gcra"]), ("fixed_window", ["fixed_window", "fixed_window"])],
+)
+def test_an_override_without_an_algorithm_keeps_each_class_algorithm(
+    row_algorithm: str | None, expected: list[str]
+) -> None:
+    # main: the rates were read with the default algorithm, whatever the class's.
+    classes = [
+        RoutePolicy(name="a", paths=["/a"], rates="3/minute", algorithm="sliding_window"),
+        RoutePolicy(name="b", paths=["/b"], rates="3/minute", algorithm="gcra"),
+    ]
+    config = HttpConfig(
+        policies=classes, hash_secret="override-algorithm-0123", policy_cache_seconds=5
+    )
+    guard = Guard(config, dialect="sqlite")
+    assert guard.runtime is not None
+    now = 1_000.0
+    row = ("*", "*", "10/minute", row_algorithm, None, None, False, None, now - 60)
+    guard.runtime.load([row], now)
+
+    seen = []
+    for policy in classes:
+        request = RequestInfo("GET", f"/{policy.name}", f"/{policy.name}", {}, "203.0.113.9")
+        plan = guard.plan(policy, request, now)
+        assert plan is not None
+        assert [rate.limit for rate in plan.hit.rates] == [10]
+        seen.append(plan.hit.rates[0].algorithm)
+
+    assert seen == expected

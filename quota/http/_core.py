@@ -407,11 +407,12 @@ class Guard:
                 cost = row.cost
             if row.fail_open is not None:
                 fail_open = row.fail_open
-            if override.rates is not None:
+            overriding = override.rates_for(route.algorithm)
+            if overriding is not None:
                 if row.exact:
-                    rates, exact = override.rates, True
+                    rates, exact = overriding, True
                 else:
-                    base = override.rates
+                    base = overriding
         if rates is None:
             rates = route.rates_for_tier(tier)
             if rates is None:

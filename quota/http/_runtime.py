@@ -89,7 +89,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from quota._core.algorithms import ALGORITHMS, Rate
@@ -284,6 +284,25 @@ class Override:
 
     row: PolicyRow
     rates: tuple[Rate, ...] | None
+    """The row's rates parsed with its own algorithm (or the default one)."""
+    _by_algorithm: dict[str, tuple[Rate, ...]] = field(default_factory=dict, compare=False)
+
+    def rates_for(self, algorithm: str | None) -> tuple[Rate, ...] | None:
+        """The rates as a route class whose algorithm is `algorithm` applies them.
+
+        A row that names no algorithm keeps the class's: its rate strings are
+        read with `algorithm`, once per algorithm (a row for ``*`` serves
+        classes of several).
+        """
+        if self.rates is None or self.row.algorithm is not None or algorithm is None:
+            return self.rates
+        found = self._by_algorithm.get(algorithm)
+        if found is None:
+            assert self.row.rates is not None
+            found = self._by_algorithm[algorithm] = tuple(
+                parse_rates(self.row.rates, algorithm=algorithm)
+            )
+        return found
 
 
 def _row(values: Sequence[Any]) -> PolicyRow:
