@@ -687,3 +687,17 @@ def test_a_failing_pressure_source_counts_as_no_pressure() -> None:
 
     assert isinstance(hit, Hit) and hit.rates[0].limit == 10
     assert guard.metrics.get("hook_failed", hook="pressure") == 1
+
+
+def test_a_malformed_row_is_reported_once_while_it_stays(caplog: Any) -> None:
+    # main: one warning and one count at every read of the table (every 5 s per worker).
+    counted: list[str] = []
+    cache = RuntimePolicies(5, metrics=counted.append)
+    bad = _row("api", "*", "10/lightyear")
+    with caplog.at_level(logging.WARNING, logger="quota.http"):
+        for read in range(3):
+            cache.load([bad, _row("api", "tier:auth", "3/minute")], NOW + 5 * read)
+        cache.load([_row("api", "*", "11/lightyear")], NOW + 15)  # another malformed row
+
+    assert counted == ["policy_invalid", "policy_invalid"]
+    assert sum("skipping malformed row" in r.message for r in caplog.records) == 2

@@ -388,6 +388,7 @@ class RuntimePolicies:
         self._lock = threading.Lock()
         self._failing = False
         self._reported: set[tuple[Key, float]] = set()
+        self._malformed_seen: set[str] = set()
         self._count = metrics or (lambda _name: None)
         self.loaded_at: float | None = None
         #: The runtime settings (``quota_settings``), read with the policies.
@@ -455,8 +456,7 @@ class RuntimePolicies:
                 row = _row(values)
                 version = None if _overrides_nothing(row) else Override(row, row.parsed_rates())
             except (ConfigurationError, ValueError, TypeError) as exc:
-                self._count("policy_invalid")
-                log.warning("quota: skipping malformed row of %s %r: %s", TABLE, list(values), exc)
+                self._skip_malformed(values, exc)
                 continue
             versions.append(((row.route, row.subject), row.updated_at, version))
         fresh, waiting = _due(
@@ -468,6 +468,17 @@ class RuntimePolicies:
         if self._failing:
             log.warning("quota: %s readable again; %d override(s) in force", TABLE, len(fresh))
         self._failing = False
+
+    def _skip_malformed(self, values: Sequence[Any], exc: Exception) -> None:
+        """Count and log a malformed row once, not at every read while it stays."""
+        seen = repr(tuple(values))
+        if seen in self._malformed_seen:
+            return
+        if len(self._malformed_seen) > 1024:
+            self._malformed_seen.clear()
+        self._malformed_seen.add(seen)
+        self._count("policy_invalid")
+        log.warning("quota: skipping malformed row of %s %r: %s", TABLE, list(values), exc)
 
     def _report_ahead(self, key: Key, stamp: float, now: float) -> None:
         if (key, stamp) in self._reported:
