@@ -70,3 +70,18 @@ def test_policy_rows_are_durable_too(sql_own_url: str) -> None:
 def test_empty_durable_tables_downgrade_without_the_flag(sql_own_url: str) -> None:
     quota.downgrade(sql_own_url, revision="base")
     assert quota.current_revision(sql_own_url) is None
+
+
+def test_deleted_overrides_and_settings_are_no_rows_to_keep(sql_own_url: str) -> None:
+    # main: the stamped rows a deletion leaves (for two hours) made the downgrade ask
+    # for --drop-data, as if they held data.
+    from quota.http import PolicyRow, delete_policy, delete_setting, set_policy, set_setting
+
+    with quota.connect(sql_own_url) as limiter:
+        set_policy(limiter, PolicyRow(route="api", rates="5/minute"))
+        set_setting(limiter, "abuse_threshold", "7")
+        assert delete_policy(limiter, "api")
+        assert delete_setting(limiter, "abuse_threshold")
+
+    quota.downgrade(sql_own_url, revision="0003_algorithms")
+    assert quota.current_revision(sql_own_url) == "0003_algorithms"

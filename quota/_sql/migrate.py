@@ -305,6 +305,13 @@ DURABLE_TABLES: dict[str, tuple[str, ...]] = {
     "0004_policies": ("quota_policies",),
     "0005_settings": ("quota_settings",),
 }
+#: What counts as a held row: a deleted override or setting stays a while as a
+#: stamped row saying nothing (so every worker drops it at the same moment).
+LIVE_ROWS: dict[str, str] = {
+    "quota_policies": " WHERE NOT (rates IS NULL AND algorithm IS NULL AND cost IS NULL"
+    " AND fail_open IS NULL AND NOT exempt)",
+    "quota_settings": " WHERE value IS NOT NULL",
+}
 
 
 def downgrade(
@@ -373,7 +380,11 @@ def _row_counts(
     def count(conn: sa.Connection) -> dict[str, int]:
         present = set(sa.inspect(conn).get_table_names(schema=schema))
         return {
-            table: int(conn.execute(sa.text(f"SELECT count(*) FROM {named(table)}")).scalar_one())
+            table: int(
+                conn.execute(
+                    sa.text(f"SELECT count(*) FROM {named(table)}{LIVE_ROWS.get(table, '')}")
+                ).scalar_one()
+            )
             for table in tables
             if table in present
         }
@@ -404,8 +415,9 @@ async def _pg_row_counts(url: str, dsn: str, tables: list[str]) -> dict[str, int
         counts: dict[str, int] = {}
         for table in tables:
             if await conn.fetchval("SELECT to_regclass($1)", table) is not None:
-                counts[table.rpartition(".")[2]] = int(
-                    await conn.fetchval(f"SELECT count(*) FROM {table}")
+                name = table.rpartition(".")[2]
+                counts[name] = int(
+                    await conn.fetchval(f"SELECT count(*) FROM {table}{LIVE_ROWS.get(name, '')}")
                 )
         return counts
     finally:
