@@ -150,6 +150,11 @@ class HttpMetrics:
             self.sink, observer = observer, None
         self._observer: Observer | None = observer
 
+    @property
+    def observed(self) -> bool:
+        """Whether a callable observer sees each event (one worth computing labels for)."""
+        return self._observer is not None
+
     def inc(self, name: str, **labels: str) -> None:
         key = "ratelimit." + name
         if labels:
@@ -501,7 +506,7 @@ class Guard:
             rate = velocity.hit(plan.hit.key, now)
             if metrics.sink is not None:
                 metrics.sink.observe_velocity(rate, route=route, tier=tier)
-            elif metrics._observer is not None:
+            elif metrics.observed:
                 metrics.inc("velocity", route=route, tier=tier, le=velocity_le(rate))
         if shape is None:
             shape = self._shape(route, plan.hit.rates)
