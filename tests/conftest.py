@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 import quota
+from tests._http_support import FRAMEWORKS
 from tests._support import (
     POSTGRES_FACES,
     SQLITE_FACES,
@@ -474,3 +475,32 @@ def pgbouncer_single_txn_url(pg_url: str, pgbouncer_binary: str) -> Iterator[str
     yield from _pgbouncer_url(
         pg_url, pgbouncer_binary, pool_mode="transaction", default_pool_size=1
     )
+
+
+# -- HTTP: every middleware test runs on each framework's own test client ------------------
+
+
+@pytest.fixture(params=list(FRAMEWORKS))
+def framework(request: pytest.FixtureRequest) -> str:
+    """The ASGI middleware on Starlette (async limiter), the WSGI one on Flask (sync)."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def http_client(framework: str, clock: Clock) -> Iterator[Callable[..., Any]]:
+    """Opens a test client of `framework` on a URL and config, on `clock`; all closed after.
+
+    ``http_client(url, config, **options)``; options go to `tests._http_support.make_client`.
+    """
+    from tests._http_support import make_client
+
+    made: list[Any] = []
+
+    def open_(url: str, config: Any, **options: Any) -> Any:
+        made.append(make_client(framework, url, clock, config, **options))
+        return made[-1]
+
+    yield open_
+    for client in made:
+        client.close()

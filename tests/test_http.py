@@ -9,7 +9,7 @@ injected clock; nothing sleeps.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from quota.http import (
     set_policy,
     sign,
 )
-from tests._http_support import FRAMEWORKS, HttpClient, make_client
+from tests._http_support import HttpClient, make_client
 from tests._support import Clock, expected_retry_after
 
 SECRET = "test-hash-secret-0123456789"
@@ -47,27 +47,15 @@ def make_config(**changes: Any) -> HttpConfig:
     return HttpConfig(**settings)
 
 
-@pytest.fixture(params=FRAMEWORKS)
-def framework(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 Make = Callable[..., HttpClient]
 
 
 @pytest.fixture
-def make(framework: str, sql_url: str, clock: Clock) -> Iterator[Make]:
-    clients: list[HttpClient] = []
-
+def make(http_client: Callable[..., HttpClient], sql_url: str) -> Make:
     def build(config: HttpConfig | None = None, **options: Any) -> HttpClient:
-        client = make_client(framework, sql_url, clock, config or make_config(), **options)
-        clients.append(client)
-        return client
+        return http_client(sql_url, config or make_config(), **options)
 
-    yield build
-    for client in clients:
-        client.close()
+    return build
 
 
 # -- the basic contract --------------------------------------------------------------

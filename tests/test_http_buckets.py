@@ -8,7 +8,7 @@ test clients, with the injected clock.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import http_sfv
@@ -17,7 +17,7 @@ import pytest
 import quota
 from quota import ConfigurationError
 from quota.http import HttpConfig, Identity, Plans, RoutePolicy
-from tests._http_support import FRAMEWORKS, HttpClient, make_client
+from tests._http_support import HttpClient
 from tests._support import Clock
 
 SECRET = "test-hash-secret-0123456789"
@@ -36,27 +36,15 @@ def make_config(**changes: Any) -> HttpConfig:
     return HttpConfig(**settings)
 
 
-@pytest.fixture(params=FRAMEWORKS)
-def framework(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 Make = Callable[..., HttpClient]
 
 
 @pytest.fixture
-def make(framework: str, sqlite_url: str, clock: Clock) -> Iterator[Make]:
-    clients: list[HttpClient] = []
-
+def make(http_client: Callable[..., HttpClient], sqlite_url: str) -> Make:
     def build(config: HttpConfig | None = None, **options: Any) -> HttpClient:
-        client = make_client(framework, sqlite_url, clock, config or make_config(), **options)
-        clients.append(client)
-        return client
+        return http_client(sqlite_url, config or make_config(), **options)
 
-    yield build
-    for client in clients:
-        client.close()
+    return build
 
 
 def _fresh_token() -> str:
@@ -144,21 +132,18 @@ def test_a_tier_rate_sets_the_ceiling(make: Make) -> None:
 
 
 def test_every_request_is_counted_once_in_each_bucket(
-    framework: str, clock: Clock, request: pytest.FixtureRequest
+    http_client: Callable[..., HttpClient], sql_url: str, clock: Clock
 ) -> None:
-    for url in (request.getfixturevalue("sqlite_url"),):
-        client = make_client(framework, url, clock, make_config())
-        try:
-            for _ in range(7):
-                client.get("/api/items", authorization=_fresh_token())
-        finally:
-            client.close()
-        with quota.connect(url, clock=clock) as limiter:
-            usage = {u.key: u.count for u in limiter.top(100)}
-        ceilings = {k: v for k, v in usage.items() if ":auth-ceiling:" in k}
-        tokens = {k: v for k, v in usage.items() if ":auth:tok:" in k}
-        assert list(ceilings.values()) == [7]
-        assert sorted(tokens.values()) == [1] * 7
+    client = http_client(sql_url, make_config())
+    for _ in range(7):
+        client.get("/api/items", authorization=_fresh_token())
+
+    with quota.connect(sql_url, clock=clock) as limiter:
+        usage = {u.key: u.count for u in limiter.top(100)}
+    ceilings = {k: v for k, v in usage.items() if ":auth-ceiling:" in k}
+    tokens = {k: v for k, v in usage.items() if ":auth:tok:" in k}
+    assert list(ceilings.values()) == [7]
+    assert sorted(tokens.values()) == [1] * 7
 
 
 def test_the_ceiling_setting_from_the_environment() -> None:
@@ -182,7 +167,7 @@ TENANT_LIMIT = 10
 USER_LIMIT = 5
 
 
-def _tenant_client(make: Make, plans: Plans | None = None) -> HttpClient:
+def _tenant_client(make: Make, plans: Plans | None = None, **config: Any) -> HttpClient:
     policy = RoutePolicy(
         name="api", paths=["/api"], rates=f"{USER_LIMIT}/minute",
         tenant_rates=f"{TENANT_LIMIT}/minute",
@@ -193,7 +178,7 @@ def _tenant_client(make: Make, plans: Plans | None = None) -> HttpClient:
         return Identity("staff", f"user:{user}", tenant="acme") if user else None
 
     return make(
-        make_config(policies=[policy], tier_multipliers={"staff": 1}),
+        make_config(policies=[policy], tier_multipliers={"staff": 1}, **config),
         identify=identify,
         plans=plans,
     )
@@ -273,19 +258,7 @@ def test_tenant_rates_are_validated() -> None:
 
 
 def test_partition_keys_name_each_bucket(make: Make) -> None:
-    policy = RoutePolicy(
-        name="api", paths=["/api"], rates=f"{USER_LIMIT}/minute",
-        tenant_rates=f"{TENANT_LIMIT}/minute",
-    )  # fmt: skip
-
-    def identify(request: Any) -> Identity | None:
-        user = request.headers.get("x-user")
-        return Identity("staff", f"user:{user}", tenant="acme") if user else None
-
-    client = make(
-        make_config(policies=[policy], tier_multipliers={"staff": 1}, partition_key=True),
-        identify=identify,
-    )
+    client = _tenant_client(make, partition_key=True)
     ann = client.get("/api/items", **{"x-user": "ann"})
     ben = client.get("/api/items", **{"x-user": "ben"})
 

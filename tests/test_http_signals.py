@@ -31,7 +31,7 @@ from quota.http import (
 )
 from quota.http._core import PASS, Guard, Hit, Verdict, drive_sync
 from quota.http._signals import MIN_TREND_SAMPLES, lane_header, velocity_le
-from tests._http_support import FRAMEWORKS, HttpClient, make_client
+from tests._http_support import HttpClient, make_client
 from tests._support import Clock
 
 SECRET = "signals-test-secret-0123456789"
@@ -583,12 +583,6 @@ def test_the_guards_abuse_threshold_changes_at_run_time() -> None:
     guard.abuse.threshold = 5
     _decide(guard, _request(), allowed=False)
     assert len(alerts) == 1
-
-
-@pytest.fixture(params=FRAMEWORKS)
-def framework(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
 
 
 @pytest.fixture

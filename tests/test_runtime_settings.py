@@ -47,7 +47,7 @@ from quota.http import (
 from quota.http._core import Guard
 from quota.http._identity import Identity
 from quota.http._runtime import MARGIN, RuntimePolicies, Snapshot
-from tests._http_support import FRAMEWORKS, HttpClient, make_client
+from tests._http_support import HttpClient, make_client
 from tests._support import Clock
 
 SECRET = "settings-hash-secret-0123456789"
@@ -87,27 +87,15 @@ def db_url(sql_url: str, sql_dialect: str) -> Iterator[str]:
         _truncate(sql_url)  # the session's database: leave no setting to other tests
 
 
-@pytest.fixture(params=FRAMEWORKS)
-def framework(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 Make = Callable[..., HttpClient]
 
 
 @pytest.fixture
-def make(framework: str, clock: Clock) -> Iterator[Callable[..., HttpClient]]:
-    clients: list[HttpClient] = []
-
+def make(http_client: Callable[..., HttpClient]) -> Callable[..., HttpClient]:
     def build(url: str, config: HttpConfig | None = None, **options: Any) -> HttpClient:
-        client = make_client(framework, url, clock, config or _config(), **options)
-        clients.append(client)
-        return client
+        return http_client(url, config or _config(), **options)
 
-    yield build
-    for client in clients:
-        client.close()
+    return build
 
 
 def _cli(url: str, *args: str) -> tuple[int, str]:

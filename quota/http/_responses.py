@@ -410,15 +410,17 @@ def is_preflight(method: str, headers: Mapping[str, str]) -> bool:
 
 
 def with_cors(
-    response: HttpResponse, origin: str, cors: CorsOrigins | None, *, exposing: bool
+    response: HttpResponse, origin: str | None, cors: CorsOrigins | None, *, exposing: bool
 ) -> HttpResponse:
     """A denial answered to a cross-origin request, made readable by browser code.
 
-    Adds ``Access-Control-Allow-Origin`` (and ``Vary: Origin``) when `cors`
+    A request without an ``Origin`` (`origin` None) gets `response` as it is. Adds ``Access-Control-Allow-Origin`` (and ``Vary: Origin``) when `cors`
     allows `origin`, and, when `exposing`, the rate-limit headers and
     Retry-After to ``Access-Control-Expose-Headers``. Headers the response
     (a response factory's) already carries are kept.
     """
+    if origin is None:
+        return response
     headers = list(response.headers)
     names = {name.lower() for name, _ in headers}
     added: Headers = []

@@ -280,10 +280,10 @@ class QuotaMiddleware:
         verdict = await decide(self.guard, self.limiters, request)
         response = verdict.response
         if response is not None:
-            origin = request.headers.get("origin")
-            if origin is not None:
-                exposing = self.guard.config.expose_headers
-                response = with_cors(response, origin, self.cors, exposing=exposing)
+            response = with_cors(
+                response, request.headers.get("origin"), self.cors,
+                exposing=self.guard.config.expose_headers,
+            )  # fmt: skip
             await send_response(send, response)
             return
         if not verdict.headers:

@@ -139,10 +139,10 @@ class QuotaWSGIMiddleware:
         verdict = drive_sync(self.guard.flow(request), *self._effects)
         response = verdict.response
         if response is not None:
-            origin = request.headers.get("origin")
-            if origin is not None:
-                exposing = self.guard.config.expose_headers
-                response = with_cors(response, origin, self.cors, exposing=exposing)
+            response = with_cors(
+                response, request.headers.get("origin"), self.cors,
+                exposing=self.guard.config.expose_headers,
+            )  # fmt: skip
             start_response(status_line(response.status), list(response.headers))
             return [response.body]
         if not verdict.headers:
