@@ -49,7 +49,8 @@ EXIT_CODES = """Exit codes, the same for every command:
   2    usage: a bad option, argument or URL
   3    the database: unreachable, absent, schema missing or behind, a database
        error; doctor: an error found
-  4    the answer is no: denied (hit, peek), no such override (policy delete)
+  4    the answer is no: denied (hit, peek), nothing to delete (policy delete,
+       policy unset)
   130  interrupted (Ctrl-C); what was done so far is printed
 
 Text output gives times as "in 1m12s (2026-01-31T12:03:00Z)", in UTC;
