@@ -23,6 +23,7 @@ import time
 import sqlalchemy as sa
 from alembic import context, op
 
+from quota._sql import engines as _engines
 from quota._sql import partitions as _partitions
 from quota._sql.migrate import OPTION_COUNTERS_LOGGED, OPTION_COUNTERS_PARTITIONED, option
 
@@ -34,8 +35,10 @@ depends_on = None
 
 def upgrade() -> None:
     postgres = context.get_context().dialect.name == "postgresql"
-    logged = option(context, OPTION_COUNTERS_LOGGED)
+    engine = _engines.engine_of(context)
+    logged = option(context, OPTION_COUNTERS_LOGGED) or not engine.unlogged
     if postgres and option(context, OPTION_COUNTERS_PARTITIONED):
+        _engines.check_partitioning(engine)
         for statement in _partitions.create_table_sql(logged):
             op.execute(statement)
         now = time.time()
@@ -43,7 +46,7 @@ def upgrade() -> None:
             op.execute(_partitions.create_partition_sql(start, logged))
         return
     # "C" collation: keys compare as bytes, the fastest btree order on PostgreSQL.
-    key = sa.Text(collation="C") if postgres else sa.Text()
+    key = sa.Text(collation="C") if postgres and engine.c_collation else sa.Text()
     op.create_table(
         "quota_counters",
         sa.Column("bucket_key", key, primary_key=True),
@@ -61,7 +64,7 @@ def upgrade() -> None:
         "quota_counters",
         [sa.text("(window_start + window_seconds)")],
     )
-    if postgres:
+    if postgres and engine.storage_parameters:
         op.execute(
             "ALTER TABLE quota_counters SET (fillfactor = 70,"
             " autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05)"

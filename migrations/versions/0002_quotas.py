@@ -21,6 +21,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context, op
 
+from quota._sql import engines as _engines
+
 revision = "0002_quotas"
 down_revision = "0001_counters"
 branch_labels = None
@@ -32,8 +34,9 @@ HELD = "kind = 'consume' AND refunded_at IS NULL"
 
 def upgrade() -> None:
     postgres = context.get_context().dialect.name == "postgresql"
+    engine = _engines.engine_of(context)
     # "C" collation: names compare as bytes, the fastest btree order on PostgreSQL.
-    text = sa.Text(collation="C") if postgres else sa.Text()
+    text = sa.Text(collation="C") if postgres and engine.c_collation else sa.Text()
     op.create_table(
         "quota_usage",
         sa.Column("subject", text, nullable=False),
@@ -86,7 +89,7 @@ def upgrade() -> None:
     # `quota ledger SUBJECT --since`, and retention by age.
     op.create_index("ix_quota_ledger_subject_at", "quota_ledger", ["subject", "at"])
     op.create_index("ix_quota_ledger_at", "quota_ledger", ["at"])
-    if postgres:
+    if postgres and engine.storage_parameters:
         # Room on each page so a usage update stays HOT (its key never changes).
         op.execute("ALTER TABLE quota_usage SET (fillfactor = 80)")
 
