@@ -1,0 +1,1 @@
+"""quota's management commands (manage.py quota …, manage.py quota_cleanup)."""
