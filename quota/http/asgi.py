@@ -153,6 +153,16 @@ class Limiters:
     def clock(self) -> Callable[[], float] | None:
         return self.given.options.app_clock if self.given is not None else None
 
+    def effects_of(self, limiter: AsyncLimiter | Limiter) -> tuple[Any, Any]:
+        """`limiter`'s ``hit`` and ``load`` for `drive_sync` or `drive_async`, made once per limiter."""
+        effects = self.effects.get(id(limiter))
+        if effects is None or effects[0] is not limiter:
+            made = sync_effects(limiter) if isinstance(limiter, Limiter) else async_effects(limiter)
+            if len(self.effects) >= 64:  # limiters of loops (or settings) long gone
+                self.effects.clear()
+            effects = self.effects[id(limiter)] = (limiter, *made)
+        return effects[1], effects[2]
+
     async def aclose(self) -> None:
         """Close the limiters opened here (never the one given)."""
         loop = asyncio.get_running_loop()
@@ -164,15 +174,12 @@ class Limiters:
 async def decide(guard: Guard, limiters: Limiters, request: RequestInfo) -> Verdict:
     """Run the core's flow for `request` on the right limiter."""
     limiter = limiters.get()
-    effects = limiters.effects.get(id(limiter))
-    if effects is None or effects[0] is not limiter:
-        made = sync_effects(limiter) if isinstance(limiter, Limiter) else async_effects(limiter)
-        effects = limiters.effects[id(limiter)] = (limiter, *made)
+    hit, load = limiters.effects_of(limiter)
     if isinstance(limiter, Limiter):
         # A sync limiter runs inline on the loop: for SQLite a decision is a
         # few tens of microseconds, less than a hop to a worker thread.
-        return drive_sync(guard.flow(request), effects[1], effects[2])
-    return await drive_async(guard.flow(request), effects[1], effects[2])
+        return drive_sync(guard.flow(request), hit, load)
+    return await drive_async(guard.flow(request), hit, load)
 
 
 def find_cors(app: Any) -> CorsOrigins | None:
