@@ -103,6 +103,9 @@ def test_the_wheel_carries_every_layer_and_no_benchmark_code(wheel: Path) -> Non
         assert f"quota/{layer}/__init__.py" in names, layer
     assert "quota/http/shedding.py" in names
     assert "quota/_stores/lua/common.lua" in names
+    # The Django app with its migrations and management commands (found by Django on disk).
+    for name in ("migrations/0001_initial.py", "management/commands/quota_cleanup.py"):
+        assert f"quota/contrib/django/{name}" in names, name
     # The batching report (benchmarks/report.py) and its plots stay in the repository.
     assert not [n for n in names if "_bench_report" in n or n.rsplit("/", 1)[-1] == "report.py"]
     plotting = []
