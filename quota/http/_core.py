@@ -657,22 +657,28 @@ def _merged(headers: Headers, shared: Headers) -> Headers:
     """
     if not shared:
         return headers
-    lists = {"ratelimit", "ratelimit-policy"}
     extra: dict[str, list[str]] = {}
     plain: Headers = []
     for name, value in shared:
-        if name.lower() in lists:
-            extra.setdefault(name.lower(), []).append(value)
+        lowered = name.lower()
+        if lowered in _LIST_FIELDS:
+            extra.setdefault(lowered, []).append(value)
         else:
             plain.append((name, value))
     out: Headers = []
+    at = -1
     for name, value in headers:
-        more = extra.pop(name.lower(), None)
+        more = extra.pop(name.lower(), None) if extra else None
+        if at < 0 and name == "Retry-After":
+            at = len(out)
         out.append((name, value if more is None else ", ".join([value, *more])))
-    if "Retry-After" in (n for n, _ in out):  # keep Retry-After last, after ours
-        at = [n for n, _ in out].index("Retry-After")
+    if at >= 0:  # keep Retry-After last, after ours
         return [*out[:at], *plain, *out[at:]]
     return [*out, *plain]
+
+
+#: The fields `_merged` folds into one list.
+_LIST_FIELDS = frozenset({"ratelimit", "ratelimit-policy"})
 
 
 # -- the two drivers ---------------------------------------------------------------

@@ -49,10 +49,11 @@ def _text(value: str) -> str:
 
 def wsgi_request(environ: dict[str, Any]) -> RequestInfo:
     """The `RequestInfo` of a WSGI environ."""
-    headers: dict[str, str] = {}
-    for name, value in environ.items():
-        if name.startswith("HTTP_"):
-            headers[name[5:].replace("_", "-").lower()] = value
+    headers: dict[str, str] = {
+        name[5:].replace("_", "-").lower(): value
+        for name, value in environ.items()
+        if name[:5] == "HTTP_"
+    }
     path = _text(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")) or "/"
     raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
     raw_path = raw.split("?", 1)[0] if raw else quote(path)

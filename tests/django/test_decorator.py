@@ -315,6 +315,35 @@ def test_counts_stay_exact_across_threads() -> None:
     assert results.count(200) == 100 and results.count(429) == 50
 
 
+def test_settings_read_once_still_follow_override_settings() -> None:
+    # The RATELIMIT_* settings and a view's parsed rate are kept between requests:
+    # a setting changed later (override_settings) applies from the next request on.
+    client = Client()
+    assert statuses(client, "/by_ip/", 1, REMOTE_ADDR="10.5.0.1") == [200]
+    with override_settings(RATELIMIT_ENABLE=False):
+        assert statuses(client, "/by_ip/", 3, REMOTE_ADDR="10.5.0.1") == [200] * 3
+    assert statuses(client, "/by_ip/", 2, REMOTE_ADDR="10.5.0.1") == [200, 429]
+    assert statuses(client, "/by_ip/", 1, REMOTE_ADDR="10.5.0.2") == [200]  # apart under /32
+    with override_settings(RATELIMIT_IPV4_MASK=24):  # now 10.5.0.0/24: one counter
+        assert statuses(client, "/by_ip/", 3, REMOTE_ADDR="10.5.0.3") == [200, 200, 429]
+    assert statuses(client, "/by_ip/", 1, REMOTE_ADDR="10.5.0.2") == [200]
+
+
+def test_a_decorated_view_follows_a_quota_setting_change() -> None:
+    @ratelimit(key="ip", rate="1/m")
+    def view(request: Any) -> str:
+        return "ok"
+
+    request = RequestFactory().get("/", REMOTE_ADDR="10.6.0.1")
+    assert view(request) == "ok"
+    with override_settings(QUOTA={"URL": "memory://"}):  # a fresh store: counts from 0
+        assert view(request) == "ok"
+        with pytest.raises(Ratelimited):
+            view(request)
+    with pytest.raises(Ratelimited):  # back on the database, its count kept
+        view(request)
+
+
 def test_module_exports() -> None:
     assert decorators_module.ratelimit is ratelimit
     assert ratelimit.ALL == (None,)  # type: ignore[attr-defined]

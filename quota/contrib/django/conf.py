@@ -32,6 +32,7 @@ from urllib.parse import quote, urlencode
 
 from django.core import exceptions as django_exceptions
 from django.core.signals import setting_changed
+from django.db import connections
 
 from quota._core.errors import ConfigurationError
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
@@ -172,8 +173,6 @@ def database_url(alias: str | None = None) -> str:
 
 
 def _alias_url(alias: str) -> str:
-    from django.db import connections
-
     if alias not in connections.settings:
         known = ", ".join(map(repr, connections.settings)) or "none"
         raise ImproperlyConfigured(
@@ -287,26 +286,32 @@ def _current_settings() -> QuotaSettings:
     return built
 
 
-#: The last URL built from an alias, by what it was built from.
-_built: tuple[tuple[object, ...], str] | None = None
+#: The last URL built from an alias: (generation, alias, its settings dict, its NAME, URL).
+_built: tuple[int, str, object, object, str] | None = None
 
 
 def _url() -> str:
     """The URL the limiters use, rebuilt only when the alias's dict or database name changes."""
     global _built
-    configured = _current_settings()
+    configured = _settings
+    if configured is None:
+        configured = _current_settings()
     if configured.url is not None:
         return configured.url
-    from django.db import connections
-
     alias = configured.database
     settings_dict = connections.settings.get(alias)
-    key = (_generation, alias, id(settings_dict), settings_dict and settings_dict.get("NAME"))
+    name = settings_dict.get("NAME") if settings_dict else None
     built = _built
-    if built is not None and built[0] == key:
-        return built[1]
+    if (
+        built is not None
+        and built[2] is settings_dict
+        and built[0] == _generation
+        and built[1] == alias
+        and built[3] == name
+    ):
+        return built[4]
     url = _alias_url(alias)
-    _built = (key, url)
+    _built = (_generation, alias, settings_dict, name, url)
     return url
 
 
@@ -320,10 +325,16 @@ def get_limiter() -> Limiter:
     """
     global _sync
     url = _url()
-    key = (os.getpid(), _generation, url)
+    pid = os.getpid()
     current = _sync
-    if current is not None and current[:3] == key:
+    if (
+        current is not None
+        and current[2] == url
+        and current[1] == _generation
+        and current[0] == pid
+    ):
         return current[3]
+    key = (pid, _generation, url)
     with _lock:
         current = _sync
         if current is not None and current[:3] == key:

@@ -19,11 +19,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from quota._core.algorithms import FIXED_WINDOW
 from quota._core.decision import Decision
 from quota._core.errors import SchemaError, StorageError
+from quota._limiter import Limiter
 from quota.contrib.django.conf import get_async_limiter, get_limiter
 
 __all__ = ["ALL", "UNSAFE", "get_usage", "is_ratelimited"]
@@ -43,6 +45,31 @@ _RATE = re.compile(r"\s*(\d+)\s*/\s*(\d*)\s*([a-zA-Z]*?)s?\s*")
 Rate = str | tuple[int, int]
 KeyFunction = Callable[[str, Any], str]
 
+#: The ``RATELIMIT_*`` settings read on every request, as last read; emptied when one
+#: changes (``override_settings``, pytest-django's ``settings``).
+_settings_read: dict[str, object] = {}
+#: Parsed text rates, and client addresses' counted values by (address, mask).
+_rates: dict[str, tuple[int, int]] = {}
+_networks: dict[tuple[str, object], str] = {}
+_CACHED = 4096
+
+
+def _setting(name: str, default: object) -> object:
+    try:
+        return _settings_read[name]
+    except KeyError:
+        value = _settings_read[name] = getattr(settings, name, default)
+        return value
+
+
+def _setting_changed(*, setting: str, **_kwargs: Any) -> None:
+    if setting.startswith("RATELIMIT_"):
+        _settings_read.clear()
+        _networks.clear()
+
+
+setting_changed.connect(_setting_changed, dispatch_uid="quota.contrib.django.core")
+
 
 def split_rate(rate: Rate) -> tuple[int, int]:
     """``"5/m"`` → ``(5, 60)``; ``"100/5m"`` → ``(100, 300)``; a ``(count, seconds)`` tuple as is.
@@ -51,6 +78,10 @@ def split_rate(rate: Rate) -> tuple[int, int]:
     and ``day`` too); a rate without a unit counts per second, as in
     django-ratelimit. Anything else is `ImproperlyConfigured`.
     """
+    if type(rate) is str:
+        found = _rates.get(rate)
+        if found is not None:
+            return found
     if isinstance(rate, tuple):
         count, seconds = rate
     else:
@@ -67,11 +98,15 @@ def split_rate(rate: Rate) -> tuple[int, int]:
         raise ImproperlyConfigured(f"ratelimit rate {rate!r}: the count must be a whole number")
     if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
         raise ImproperlyConfigured("Ratelimit period must be greater than 0")
+    if type(rate) is str:
+        if len(_rates) >= _CACHED:
+            _rates.clear()
+        _rates[rate] = (count, seconds)
     return count, seconds
 
 
 def _get_ip(request: Any) -> str:
-    ip_meta = getattr(settings, "RATELIMIT_IP_META_KEY", None)
+    ip_meta = _setting("RATELIMIT_IP_META_KEY", None)
     if not ip_meta:
         ip = request.META.get("REMOTE_ADDR")
         if not ip:
@@ -87,10 +122,12 @@ def _get_ip(request: Any) -> str:
         ip = request.META[ip_meta]
     else:
         raise ImproperlyConfigured(f'Could not get IP address from "{ip_meta}"')
-    if ":" in ip:
-        mask = getattr(settings, "RATELIMIT_IPV6_MASK", 64)
-    else:
-        mask = getattr(settings, "RATELIMIT_IPV4_MASK", 32)
+    v6 = ":" in ip
+    mask = _setting("RATELIMIT_IPV6_MASK", 64) if v6 else _setting("RATELIMIT_IPV4_MASK", 32)
+    cached = type(ip) is str and type(mask) is int
+    found = _networks.get((ip, mask)) if cached else None
+    if found is not None:
+        return found
     try:
         network = ipaddress.ip_network(f"{ip.strip()}/{mask}", strict=False)
     except ValueError as exc:
@@ -98,7 +135,12 @@ def _get_ip(request: Any) -> str:
             f"ratelimit: {ip!r} is not an IP address (several addresses from a proxy header?"
             " give RATELIMIT_IP_META_KEY a callable that picks the client's)"
         ) from exc
-    return str(network.network_address)
+    found = str(network.network_address)
+    if cached:
+        if len(_networks) >= _CACHED:
+            _networks.clear()
+        _networks[(ip, mask)] = found
+    return found
 
 
 def _user_key(user: Any) -> str:
@@ -141,13 +183,6 @@ def _key_value(request: Any, group: str, key: object, user: Any = None) -> tuple
     raise ImproperlyConfigured(f"Could not understand ratelimit key: {key}")
 
 
-def _method_match(request: Any, method: object) -> bool:
-    if method == ALL or method is ALL:
-        return True
-    methods = method if isinstance(method, (list, tuple)) else [method]
-    return request.method in [str(m).upper() for m in methods]
-
-
 def _methods_part(method: object) -> str:
     if method == ALL:
         return ""
@@ -187,25 +222,62 @@ def plan(
     method, or a rate callable returning None)."""
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn` arguments")
-    if not getattr(settings, "RATELIMIT_ENABLE", True):
-        return None
-    if not _method_match(request, method):
-        return None
-    if group is None:
-        group = group_of(fn)
-    if callable(rate):
-        rate = rate(group, request)
-    elif isinstance(rate, str) and "." in rate:
-        rate = import_string(rate)(group, request)
-    if rate is None:
-        return None
-    limit, window = split_rate(rate)  # type: ignore[arg-type]
-    value, hashed = _key_value(request, group, key, user)
-    if hashed:
-        value = "#" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    methods = _methods_part(method)
-    counter = f"django:{group}:{limit}/{window}s{':' + methods if methods else ''}:{value}"
-    return Plan(group, counter, limit, window)
+    return Planner(group, fn, key, rate, method)(request, user)
+
+
+class Planner:
+    """`plan` for one set of arguments (a decorated view's), the request-independent
+    parts worked out once: the group, the method filter, a fixed rate and the counter's
+    prefix. Errors (a bad key or rate) are still raised when a request is planned."""
+
+    __slots__ = ("_fn", "_group", "_header", "_key", "_method", "_methods", "_prefix", "_rate")
+
+    def __init__(self, group: str | None, fn: Any, key: object, rate: object, method: object):
+        self._group, self._fn, self._key, self._rate, self._method = group, fn, key, rate, method
+        #: None: every method; else the methods counted (upper case).
+        self._methods: frozenset[str] | None = None
+        if not (method == ALL or method is ALL):
+            methods = method if isinstance(method, (list, tuple)) else [method]
+            self._methods = frozenset(str(m).upper() for m in methods)
+        #: The ``META`` name of a ``header:<name>`` key.
+        self._header: str | None = None
+        if isinstance(key, str) and key.startswith("header:"):
+            self._header = "HTTP_" + key[7:].replace("-", "_").upper()
+        #: (limit, window, counter prefix) of a fixed rate, once parsed.
+        self._prefix: tuple[int, int, str] | None = None
+
+    def __call__(self, request: Any, user: Any = None) -> Plan | None:
+        if not _setting("RATELIMIT_ENABLE", True):
+            return None
+        if self._methods is not None and request.method not in self._methods:
+            return None
+        group = self._group
+        if group is None:
+            group = self._group = group_of(self._fn)
+        fixed = self._prefix
+        if fixed is None:
+            rate = self._rate
+            dynamic = callable(rate) or (isinstance(rate, str) and "." in rate)
+            if callable(rate):
+                rate = rate(group, request)
+            elif isinstance(rate, str) and "." in rate:
+                rate = import_string(rate)(group, request)
+            if rate is None:
+                return None
+            limit, window = split_rate(rate)  # type: ignore[arg-type]
+            methods = _methods_part(self._method)
+            prefix = f"django:{group}:{limit}/{window}s{':' + methods if methods else ''}:"
+            if not dynamic:
+                self._prefix = (limit, window, prefix)
+        else:
+            limit, window, prefix = fixed
+        if self._header is not None:
+            value, hashed = str(request.META.get(self._header, "")), True
+        else:
+            value, hashed = _key_value(request, group, self._key, user)
+        if hashed:
+            value = "#" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        return Plan(group, prefix + value, limit, window)
 
 
 def _closed(plan: Plan, now: float) -> Decision:
@@ -218,7 +290,13 @@ def _closed(plan: Plan, now: float) -> Decision:
 
 def count_sync(plan: Plan, *, increment: bool, algorithm: str = FIXED_WINDOW) -> Decision | None:
     """Count (or only read) `plan`'s counter with the sync limiter; None if the store failed."""
-    limiter = get_limiter()
+    return count_with(get_limiter(), plan, increment=increment, algorithm=algorithm)
+
+
+def count_with(
+    limiter: Limiter, plan: Plan, *, increment: bool, algorithm: str = FIXED_WINDOW
+) -> Decision | None:
+    """`count_sync` with `limiter` (the sync limiter, already at hand)."""
     if plan.limit == 0:
         return _closed(plan, limiter.options.app_clock())
     try:
@@ -282,8 +360,9 @@ def get_usage(
     planned = plan(request, group, fn, key, rate, method)
     if planned is None:
         return None
-    decision = count_sync(planned, increment=increment)
-    return usage(planned, decision, increment=increment, now=get_limiter().options.app_clock())
+    limiter = get_limiter()
+    decision = count_with(limiter, planned, increment=increment)
+    return usage(planned, decision, increment=increment, now=limiter.options.app_clock())
 
 
 def is_ratelimited(

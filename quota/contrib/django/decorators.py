@@ -23,7 +23,7 @@ from django.utils.module_loading import import_string
 from quota._core.algorithms import FIXED_WINDOW
 from quota._core.decision import Decision
 from quota.contrib.django.conf import get_async_limiter, get_limiter
-from quota.contrib.django.core import ALL, UNSAFE, Plan, count_async, count_sync, plan, usage
+from quota.contrib.django.core import ALL, UNSAFE, Plan, Planner, count_async, count_with
 from quota.contrib.django.exceptions import Ratelimited
 
 __all__ = ["ALL", "UNSAFE", "ratelimit"]
@@ -62,6 +62,7 @@ def ratelimit(
     """
 
     def decorator(fn: F) -> F:
+        planner = Planner(group, fn, key, rate, method)
         if iscoroutinefunction(fn):
 
             @wraps(fn)
@@ -69,7 +70,7 @@ def ratelimit(
                 user = None
                 if key in ("user", "user_or_ip") and hasattr(request, "auser"):
                     user = await request.auser()
-                planned = plan(request, group, fn, key, rate, method, user)
+                planned = planner(request, user)
                 if planned is not None:
                     decision = await count_async(planned, increment=True, algorithm=algorithm)
                     now = get_async_limiter().options.app_clock()
@@ -82,10 +83,11 @@ def ratelimit(
 
         @wraps(fn)
         def _wrapped(request: Any, *args: Any, **kwargs: Any) -> Any:
-            planned = plan(request, group, fn, key, rate, method)
+            planned = planner(request)
             if planned is not None:
-                decision = count_sync(planned, increment=True, algorithm=algorithm)
-                _settle(request, planned, decision, get_limiter().options.app_clock(), block)
+                limiter = get_limiter()
+                decision = count_with(limiter, planned, increment=True, algorithm=algorithm)
+                _settle(request, planned, decision, limiter.options.app_clock(), block)
             else:
                 request.limited = getattr(request, "limited", False)
             return fn(request, *args, **kwargs)
@@ -98,8 +100,10 @@ def ratelimit(
 def _settle(
     request: Any, planned: Plan, decision: Decision | None, now: float, block: bool
 ) -> None:
-    found = usage(planned, decision, increment=True, now=now)
-    limited = bool(found and found["should_limit"])
+    if decision is None:  # the store failed: limited unless RATELIMIT_FAIL_OPEN
+        limited = not getattr(settings, "RATELIMIT_FAIL_OPEN", False)
+    else:
+        limited = not decision.allowed
     request.limited = limited or getattr(request, "limited", False)
     if decision is not None:
         decisions = getattr(request, DECISIONS_ATTRIBUTE, None)

@@ -254,10 +254,15 @@ class QuotaMiddleware:
 
     @staticmethod
     def _allowed(response: Any, verdict: Verdict) -> Any:
-        if verdict.headers:
+        if not verdict.headers:
+            return response
+        if verdict.expose:  # merged with the Access-Control-Expose-Headers already set
             existing = [(k, v) for k, v in response.items() if k.lower() == _EXPOSE]
-            for name, value in add_headers(existing, verdict):
-                response[name] = value
+            headers = add_headers(existing, verdict)
+        else:
+            headers = verdict.headers
+        for name, value in headers:
+            response[name] = value
         return response
 
 
