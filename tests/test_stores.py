@@ -279,8 +279,7 @@ def test_a_bad_redis_prefix_is_a_configuration_error(prefix: str) -> None:
 
 
 @pytest.mark.parametrize("connect", [quota.connect, quota.connect_async])
-def test_batching_is_refused_where_there_is_nothing_to_batch(
-    schemaless_url: str, connect: object
-) -> None:
+def test_batching_is_refused_where_there_is_nothing_to_batch(connect: object) -> None:
+    # Redis batches (pipelines of scripts: tests/test_redis_batching.py); memory has no round trip.
     with pytest.raises(quota.ConfigurationError, match="batching=True groups SQL statements"):
-        connect(schemaless_url, batching=True)  # type: ignore[operator]
+        connect("memory://", batching=True)  # type: ignore[operator]

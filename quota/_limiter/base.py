@@ -26,7 +26,7 @@ from quota._stores.base import AsyncStore, SyncStore
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT
 from quota._stores.url import SCHEMALESS, StoreURL, check_schema
 from quota._wrappers.abuse import AbuseDetector
-from quota._wrappers.batching import DEFAULT_MAX_BATCH
+from quota._wrappers.batching import DEFAULT_MAX_BATCH, PIPELINED_DIALECTS
 from quota._wrappers.fallback import Fallback, retry_after_down
 from quota._wrappers.metrics import Metrics
 
@@ -73,10 +73,11 @@ class Options:
     """Append a ``rate_denied`` entry to the quota ledger whenever a rate limit denies
     (for abuse visibility); allowed hits never write it."""
     batching: bool = False
-    """Group commit: concurrent fixed-window hits share one statement, each caller still
-    getting its exact count (see `quota._wrappers.batching`). No added latency when idle."""
+    """Group commit: concurrent fixed-window hits share one statement (on Redis, one
+    pipeline of their scripts), each caller still getting its exact count (see
+    `quota._wrappers.batching`). No added latency when idle. Not for ``memory://``."""
     max_batch: int = DEFAULT_MAX_BATCH
-    """Most hits one batch statement carries."""
+    """Most hits one batch statement (or Redis pipeline) carries."""
     durability: str = "full"
     """``"full"``, or ``"relaxed"``: PostgreSQL commits the limiter's statements with
     ``synchronous_commit = off`` (durable quotas stay synchronous). See the README."""
@@ -342,6 +343,20 @@ def _async_redis(parsed: StoreURL, options: Options) -> AsyncStore:
     return AsyncRedisStore(parsed.url, timeout=_timeout(options), db_clock=options.database_clock)
 
 
+def _redis_cluster(parsed: StoreURL, options: Options) -> SyncStore:
+    from quota._stores.redis_cluster import RedisClusterStore
+
+    return RedisClusterStore(parsed.url, timeout=_timeout(options), db_clock=options.database_clock)
+
+
+def _async_redis_cluster(parsed: StoreURL, options: Options) -> AsyncStore:
+    from quota._stores.redis_cluster import AsyncRedisClusterStore
+
+    return AsyncRedisClusterStore(
+        parsed.url, timeout=_timeout(options), db_clock=options.database_clock
+    )
+
+
 def memory_fallback(fallback: Fallback) -> SyncStore:
     """The in-memory store that decides while the database is down."""
     from quota._stores.memory import MemoryStore
@@ -384,6 +399,7 @@ STORES: dict[str, Backend] = {
     "postgresql": Backend(_postgres, _async_postgres),
     "memory": Backend(_memory, _async_memory),
     "redis": Backend(_redis, _async_redis),
+    "redis-cluster": Backend(_redis_cluster, _async_redis_cluster),
 }
 
 
@@ -403,8 +419,12 @@ def _check_for_dialect(parsed: StoreURL, options: Options) -> None:
         raise ConfigurationError(
             f"schema={options.schema!r} is for PostgreSQL; a {parsed.dialect} store has no schemas"
         )
-    if options.batching and parsed.dialect in SCHEMALESS:
+    if (
+        options.batching
+        and parsed.dialect in SCHEMALESS
+        and parsed.dialect not in PIPELINED_DIALECTS
+    ):
         raise ConfigurationError(
-            f"batching=True groups SQL statements into one; a {parsed.dialect}:// store"
-            " decides each call in one step already: leave batching off"
+            "batching=True groups SQL statements (Redis scripts) into one round trip;"
+            f" a {parsed.dialect}:// store decides each call in memory: leave batching off"
         )

@@ -37,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import os
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, TypeVar
@@ -47,6 +49,7 @@ from quota._sql import statements as _sql
 from quota._sql.statements import Statement
 from quota._stores.base import Op, Rows, adrive, drive, handlers, unsupported
 from quota._stores.url import redact
+from quota._wrappers.batching import BATCH_HIT_REDIS
 
 T = TypeVar("T")
 
@@ -70,7 +73,13 @@ SCRIPTS = {
 }
 SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SCRIPTS.items()}
 
-#: A Redis command: its name and its arguments (redis-py's ``execute_command``).
+_HIT, _HIT_CAPPED = _sql.HIT, _sql.HIT_CAPPED
+
+#: A Redis command: its name and its arguments (redis-py's ``execute_command``). One
+#: more, ``("PIPELINE", commands)``, sends `commands` (a tuple of commands) in one round
+#: trip without ``MULTI`` (redis-py's ``pipeline(transaction=False)``): its reply is the list
+#: of their replies in order, a command that failed answering its exception instance
+#: (``execute(raise_on_error=False)``); a lost connection raises instead.
 Command = tuple[str, tuple[Any, ...]]
 #: The commands of one statement: each reply is sent back in; returns the statement's rows.
 Plan = Generator[Command, Any, Rows]
@@ -120,9 +129,15 @@ class RedisPlan:
             _sql.GCRA: self._gcra,
             _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
             _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
+            BATCH_HIT_REDIS: self._hit_batch,
         }
         #: Statement name -> handler: every statement Redis keeps.
         self._handlers = handlers(statements)
+
+    @property
+    def no_script(self) -> type[Exception]:
+        """The error of an ``EVALSHA`` whose script the server does not hold."""
+        return self._no_script
 
     def base(self, client_key: str) -> str:
         """The common start of every Redis key of one stored key (hash tag included)."""
@@ -149,27 +164,75 @@ class RedisPlan:
 
     # -- the fixed window ---------------------------------------------------------------
 
+    def hit_args(self, params: Sequence[Any]) -> tuple[Any, ...]:
+        """The arguments of the one ``EVALSHA`` of a fixed-window hit, from the parameters of
+        `quota._sql.statements.HIT` (of ``HIT_CAPPED``: the limit after them).
+
+        Its reply is the count (an integer), or nil for a capped hit denied. The script
+        increments the counter and, only when that creates it, sets its TTL and lists it
+        in the caller's index.
+        """
+        client_key, start, window, cost, now = params[1:6]
+        base = f"{self.prefix}{{{client_key}}}:"
+        if len(params) > 6:
+            return (SHAS["fixed_window"], 2, f"{base}fw:{window}:{start}", base + "idx", cost,
+                    now, params[6])  # fmt: skip
+        return (SHAS["fixed_window"], 2, f"{base}fw:{window}:{start}", base + "idx", cost, now)
+
+    @staticmethod
+    def hit_rows(reply: Any) -> Rows:
+        """The rows of `quota._sql.statements.HIT` (``HIT_CAPPED``) from its script's reply."""
+        return () if reply is None else ((reply,),)
+
     def _hit(self, params: Sequence[Any], *, capped: bool) -> Plan:
-        _bucket_key, client_key, start, window, cost, now = params[:6]
-        limit = params[6] if capped else ""
-        base = self.base(client_key)
-        reply = yield from self._eval(
-            "fixed_window", (f"{base}fw:{window}:", base + "idx"), (now, window, cost, limit, start)
-        )
-        return () if reply is None else ((int(reply[0]),),)
+        args = self.hit_args(params)
+        return self.hit_rows((yield from self._eval("fixed_window", args[2:4], args[4:])))
+
+    def _hit_batch(self, hits: Sequence[Sequence[Any]]) -> Plan:
+        """Group commit (`quota._wrappers.batching`): each hit's own script, in one pipeline."""
+        replies = yield from self._pipeline("fixed_window", [self.hit_args(hit) for hit in hits])
+        return [(reply,) for reply in replies]
+
+    def _pipeline(self, script: str, calls: Sequence[tuple[Any, ...]]) -> Exchange:
+        """The ``EVALSHA`` of each of `calls` (its arguments, `script`'s digest first), in one
+        round trip; returns the replies in order.
+
+        A script's error is raised (the first); if the server lost `script`, it is loaded
+        and only the calls it refused are sent again: none of those ran.
+        """
+        replies = list((yield ("PIPELINE", tuple(("EVALSHA", args) for args in calls))))
+        lost = [i for i, reply in enumerate(replies) if isinstance(reply, self._no_script)]
+        for reply in replies:
+            if isinstance(reply, Exception) and not isinstance(reply, self._no_script):
+                raise reply
+        if lost:
+            sha = yield ("SCRIPT", ("LOAD", SCRIPTS[script]))
+            again = yield ("PIPELINE", tuple(("EVALSHA", (sha, *calls[i][1:])) for i in lost))
+            for i, reply in zip(lost, again, strict=True):
+                if isinstance(reply, Exception):
+                    raise reply
+                replies[i] = reply
+        return replies
 
     def _fixed(self, params: Mapping[str, Any], *, capped: bool) -> Plan:
         window, client_key, now = params["window"], params["client_key"], params["now"]
+        base = self.base(client_key)
+        cost = params["cost"]
+        if self.db_clock:  # the script reads the time and picks the window
+            args = (cost, "db", params["limit"]) if capped else (cost, "db")
+            reply = yield from self._eval(
+                "fixed_window", (f"{base}fw:{window}:", base + "idx"), args
+            )
+            if reply is None:
+                return ()
+            return ((int(reply[0]), int(reply[1]), _number(reply[2])),)
         second = int(now)
         start = second - second % window
-        base = self.base(client_key)
+        args = (cost, now, params["limit"]) if capped else (cost, now)
         reply = yield from self._eval(
-            "fixed_window", (f"{base}fw:{window}:", base + "idx"),
-            (self._now(params), window, params["cost"], params["limit"] if capped else "", start),
-        )  # fmt: skip
-        if reply is None:
-            return ()
-        return ((int(reply[0]), int(reply[1]), _number(reply[2])),)
+            "fixed_window", (f"{base}fw:{window}:{start}", base + "idx"), args
+        )
+        return () if reply is None else ((reply, start, float(now)),)
 
     def _peek(self, params: Sequence[Any]) -> Plan:
         window, start, client_key = str(params[0]).split(":", 2)
@@ -234,15 +297,21 @@ class RedisPlan:
         while True:
             cursor, keys = yield ("SCAN", (cursor, "MATCH", pattern, "COUNT", 1000))
             counts = (yield ("MGET", tuple(keys))) if keys else []
-            for raw, count in zip(keys, counts, strict=True):
-                head, kind, window, start = raw.decode()[len(self.prefix) :].rsplit(":", 3)
-                end = int(start) + int(window)
-                if count is not None and kind == "fw" and end > now:
-                    live.append((head[1:-1], int(window), int(start), int(count)))
+            live.extend(self._live_counters(keys, counts, now))
             if int(cursor) == 0:
                 break
         live.sort(key=lambda r: (-r[3], r[0]))
         return live[:limit]
+
+    def _live_counters(
+        self, keys: Sequence[bytes], counts: Sequence[Any], now: float
+    ) -> Iterator[tuple[str, int, int, int]]:
+        """The rows of `top` among scanned counter `keys` and their `counts`: windows still running."""
+        for raw, count in zip(keys, counts, strict=True):
+            head, kind, window, start = raw.decode()[len(self.prefix) :].rsplit(":", 3)
+            end = int(start) + int(window)
+            if count is not None and kind == "fw" and end > now:
+                yield (head[1:-1], int(window), int(start), int(count))
 
     def _nothing_expired(self, params: Sequence[Any]) -> Plan:
         # Every row has a TTL: Redis has already removed what cleanup would.
@@ -332,6 +401,16 @@ def _checked_url(url: str) -> tuple[str, str]:
     with _bad_url(url):
         target, prefix = split_url(url)
         parts = urlsplit(target)
+        if "," in parts.netloc.rpartition("@")[2]:
+            raise ConfigurationError(
+                f"url {redact(url)!r} lists several hosts; a Redis Cluster is"
+                " redis+cluster://host:port,host:port/ (rediss+cluster:// for TLS)"
+            )
+        if any(name == "cluster" for name, _ in parse_qsl(parts.query, keep_blank_values=True)):
+            raise ConfigurationError(
+                f"url {redact(url)!r}: cluster= is not an option of redis://; a Redis Cluster"
+                " is redis+cluster://host:port[,host:port…]/ (rediss+cluster:// for TLS)"
+            )
         parts.port  # noqa: B018  (urllib checks the port when it is read)
         if not parts.hostname:
             raise ValueError("it names no host")
@@ -371,17 +450,83 @@ class _RedisStore:
 
 
 class RedisStore(_RedisStore):
-    """Sync Redis store on redis-py's connection pool; thread-safe."""
+    """Sync Redis store on redis-py's connection pool; thread-safe.
+
+    The fixed window's hits (`_send_hit`) go out on connections of the store's own,
+    made by redis-py with the pool's settings but kept outside its pool: taking a
+    connection from redis-py's pool and giving it back costs more client CPU than
+    sending the script and reading its reply (a lock each way, a read to check the
+    connection is clean, metrics). A connection whose call failed other than by an
+    error reply is closed, never reused: a late reply cannot reach the next caller; an
+    idle one the server closed is replaced before its next call, as the pool does.
+    """
 
     def __init__(self, url: str, *, timeout: float = 10.0, db_clock: bool = False) -> None:
         super().__init__(url, timeout=timeout, db_clock=db_clock, asynchronous=False)
+        from redis.exceptions import ResponseError
+
+        self._error_reply: type[Exception] = ResponseError
+        self._idle: deque[Any] = deque()  # the hot path's connections, free
+        self._pid = os.getpid()
+        self._own_connections = True
+
+    #: Whether `_send_hit` uses the store's own connections (a subclass that sends its
+    #: commands otherwise, overriding `_send`, leaves it False and is sent them there).
+    _own_connections = False
+
+    def _send_hit(self, args: tuple[Any, ...]) -> Any:
+        """``EVALSHA`` with `args`: the hot path's one command (see the class docstring)."""
+        if not self._own_connections:
+            return self._send("EVALSHA", args)
+        if self._pid != os.getpid():  # a forked child: its parent's sockets are not its own
+            self._idle, self._pid = deque(), os.getpid()
+        idle = self._idle
+        try:
+            connection = idle.pop()
+        except IndexError:
+            pool = self.client.connection_pool
+            connection = pool.connection_class(**pool.connection_kwargs)
+        else:
+            # As redis-py's pool does: an idle connection with something to read was
+            # closed by the server (a restart, a failover, its idle ``timeout``); a new
+            # one replaces it before anything is sent, so the call cannot be lost.
+            try:
+                stale = connection.can_read()
+            except (OSError, self._errors):
+                stale = True
+            if stale:
+                connection.disconnect()
+        try:
+            connection.send_command("EVALSHA", *args)
+            reply = connection.read_response()
+        except self._error_reply:
+            idle.append(connection)  # an error reply, read in full: the connection is clean
+            raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        idle.append(connection)
+        return reply
 
     def _send(self, name: str, args: tuple[Any, ...]) -> Any:
+        if name == "PIPELINE":
+            pipe = self.client.pipeline(transaction=False)
+            for command, command_args in args:
+                pipe.execute_command(command, *command_args)
+            return pipe.execute(raise_on_error=False)
         return self.client.execute_command(name, *args)
 
     def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         """Run one statement as its Redis commands; see `quota._stores.base.SyncStore.execute`."""
-        plan = self.planner.plan(statement, params)
+        planner = self.planner
+        if statement is _HIT or statement is _HIT_CAPPED:  # the hot path: its one EVALSHA
+            try:
+                return planner.hit_rows(self._send_hit(planner.hit_args(params)))
+            except planner.no_script:
+                pass  # the server lost the script: the plan loads it
+            except self._errors as exc:
+                raise self._failed(exc) from exc
+        plan = planner.plan(statement, params)
         try:
             return drive(plan, self._send)
         except self._errors as exc:
@@ -395,6 +540,9 @@ class RedisStore(_RedisStore):
         return drive(op, self.execute)
 
     def close(self) -> None:
+        idle, self._idle = self._idle, deque()
+        for connection in idle:
+            connection.disconnect()
         self.client.close()
 
 
@@ -405,11 +553,24 @@ class AsyncRedisStore(_RedisStore):
         super().__init__(url, timeout=timeout, db_clock=db_clock, asynchronous=True)
 
     async def _send(self, name: str, args: tuple[Any, ...]) -> Any:
+        if name == "PIPELINE":
+            pipe = self.client.pipeline(transaction=False)
+            for command, command_args in args:
+                pipe.execute_command(command, *command_args)
+            return await pipe.execute(raise_on_error=False)
         return await self.client.execute_command(name, *args)
 
     async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         """See `RedisStore.execute`."""
-        plan = self.planner.plan(statement, params)
+        planner = self.planner
+        if statement is _HIT or statement is _HIT_CAPPED:  # the hot path: its one EVALSHA
+            try:
+                return planner.hit_rows(await self._send("EVALSHA", planner.hit_args(params)))
+            except planner.no_script:
+                pass  # the server lost the script: the plan loads it
+            except self._errors as exc:
+                raise self._failed(exc) from exc
+        plan = planner.plan(statement, params)
         try:
             return await adrive(plan, self._send)
         except self._errors as exc:

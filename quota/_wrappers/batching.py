@@ -1,5 +1,7 @@
 """Group commit: concurrent fixed-window hits gathered into one statement, counts kept exact.
 
+On SQL the batch is one statement; on Redis it is one pipeline (see below).
+
 A store wrapper with the store protocol (`quota._stores.base`), so it composes:
 limiter → fallback → batcher → store. It intercepts the hot statement
 `quota._sql.statements.HIT` (by name) and passes every other statement straight through.
@@ -37,6 +39,19 @@ handed to the others are the same either way. A database error fails every
 caller of that batch with the exception the one-by-one path raises
 (`StorageError`, `SchemaError`); the statement is atomic, so none of its hits
 is counted.
+
+**Redis** (``redis://``; the dialects of `PIPELINED_DIALECTS`): a batch is
+one pipeline (`BATCH_HIT_REDIS`) of the very ``EVALSHA`` each hit runs one by
+one, in arrival order, sent in one round trip without ``MULTI``. Each script
+answers its own hit's count, so no sum is split. Redis runs each script
+atomically, but the pipeline as a whole is not: the scripts of other clients
+may run between two of its scripts (counts stay exact: each script counts on
+what is stored when it runs). A pipeline that fails fails every caller of
+the batch with `StorageError`, yet the scripts Redis ran **are counted**:
+when one script errors, every other script of the batch; when the
+connection is lost, those that reached Redis, though none is answered.
+Nothing is sent twice (the store does not retry), so a hit is counted at
+most once.
 
 Only `HIT` (count_denied=True) is batched. `HIT_CAPPED` (count_denied=False)
 is not: whether a capped hit counts depends on the count before it, which
@@ -82,6 +97,12 @@ _UPSERT = (
 
 #: The name of every batch statement.
 BATCH_HIT = "hit_batch"
+#: Dialects whose batch is a pipeline of the one-by-one hits (`BATCH_HIT_REDIS`), whose
+#: rows are each hit's own count, in the order of the hits.
+PIPELINED_DIALECTS = frozenset({"redis", "redis-cluster"})
+#: Redis's batch: no SQL, its parameters the hits themselves (`quota._sql.statements.HIT`'s
+#: parameters each); the Redis store sends one script per hit in one pipeline.
+BATCH_HIT_REDIS = Statement(BATCH_HIT, "-- one pipeline of fixed-window scripts, one per hit")
 #: The statement this module batches, by name.
 _HIT = _sql.HIT.name
 
@@ -151,8 +172,11 @@ def is_batch_statement(statement: object) -> bool:
 def batch_statement(dialect: str, hits: Sequence[Hit]) -> Step:
     """The one statement and its parameters for `hits`: costs summed per bucket key, keys sorted.
 
-    Every row's ``updated_at`` is the batch's latest hit time.
+    Every row's ``updated_at`` is the batch's latest hit time. On Redis, the hits as they
+    are, in arrival order (`BATCH_HIT_REDIS`).
     """
+    if dialect in PIPELINED_DIALECTS:
+        return BATCH_HIT_REDIS, hits
     latest = 0.0
     if dialect == "postgresql":
         costs: dict[str, int] = {}
@@ -201,6 +225,19 @@ def split_counts(hits: Sequence[Hit], rows: Rows) -> list[int]:
     except KeyError:
         raise StorageError(f"the batch statement returned no count for {key!r}") from None
     return counts
+
+
+def batch_counts(dialect: str, hits: Sequence[Hit], rows: Rows) -> list[int]:
+    """Each hit's own count from the rows of its batch statement.
+
+    SQL: per-key totals, split by `split_counts`. Redis: one row per hit, its own count;
+    `StorageError` if the number of rows is not the number of hits.
+    """
+    if dialect not in PIPELINED_DIALECTS:
+        return split_counts(hits, rows)
+    if len(rows) != len(hits):
+        raise StorageError(f"the batch pipeline answered {len(rows)} counts for {len(hits)} hits")
+    return [row[0] for row in rows]
 
 
 class AsyncBatchingStore:
@@ -340,7 +377,8 @@ class AsyncBatchingStore:
                 results: list[Rows] = [await self.store.execute(_sql.HIT, hits[0])]
             else:
                 rows = await self.store.execute(*batch_statement(self.dialect, hits))
-                results = [[(count,)] for count in split_counts(hits, rows)]  # as HIT returns
+                counts = batch_counts(self.dialect, hits, rows)
+                results = [[(count,)] for count in counts]  # as HIT returns
         except BaseException as exc:
             for _, waiter in batch:
                 if not waiter.done():
@@ -436,7 +474,9 @@ class BatchingStore:
                 batch[0].result = self.store.execute(_sql.HIT, hits[0])
             else:
                 rows = self.store.execute(*batch_statement(self.dialect, hits))
-                for waiter, count in zip(batch, split_counts(hits, rows), strict=True):
+                for waiter, count in zip(
+                    batch, batch_counts(self.dialect, hits, rows), strict=True
+                ):
                     waiter.result = [(count,)]
         except BaseException as exc:
             for waiter in batch:

@@ -1,19 +1,25 @@
--- The fixed window (quota._sql.HIT, HIT_CAPPED and the database clock's form).
--- KEYS: the counter's key without its window start, the index.
--- ARGV: now|'db', window, cost, limit|'' (capped), window start
-local now = clock(ARGV[1])
-local window, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
-local start = tonumber(ARGV[5])
-if ARGV[1] == 'db' then
+-- The fixed window (quota._sql.HIT, HIT_CAPPED and their database-clock forms).
+-- KEYS: the counter (with the database clock: the counter's key less its window start),
+-- the index.
+-- ARGV: cost, now|'db', limit (capped hits only).
+-- Reply: the count, or nil for a capped hit denied (not counted); with the database
+-- clock {count, window start, now}. Only a new counter touches the index.
+local cost = tonumber(ARGV[1])
+local key, now, start = KEYS[1], ARGV[2], nil
+if now == 'db' then
+  now = clock(now)
   local second = math.floor(now)
-  start = second - second % window
+  start = second - second % tonumber(string.match(key, ':(%d+):$'))
+  key = key .. string.format('%d', start)
 end
-local suffix = string.format('%d', start)
-local key = KEYS[1] .. suffix
-if ARGV[4] ~= '' then
+if ARGV[3] then
   local current = redis.call('GET', key)
-  if current and tonumber(current) + cost > tonumber(ARGV[4]) then return false end
+  if current and tonumber(current) + cost > tonumber(ARGV[3]) then return false end
 end
 local count = redis.call('INCRBY', key, cost)
-if count == cost then keep(key, KEYS[2], start + window, now, true) end
-return {count, suffix, fmt(now)}
+if count == cost then
+  local window, first = string.match(key, ':(%d+):(%d+)$')
+  keep(key, KEYS[2], tonumber(first) + tonumber(window), tonumber(now))
+end
+if start then return {count, string.format('%d', start), fmt(now)} end
+return count

@@ -1,5 +1,7 @@
 -- quota._algorithms.sliding_step
 -- KEYS: the state, the index. ARGV: now|'db', window, limit, cost, ws, weight
+-- The state's field i is the horizon it and its index entry are kept until: a call whose
+-- expiry stays within it (every call but a window's first) writes the state alone.
 local now = clock(ARGV[1])
 local window, limit, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ws, weight = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -8,7 +10,7 @@ if ARGV[1] == 'db' then
   ws = second - second % window
   weight = (window - (now - ws)) / window
 end
-local row = redis.call('HMGET', KEYS[1], 'v', 'p', 's')
+local row = redis.call('HMGET', KEYS[1], 'v', 'p', 's', 'i')
 local value, prev, stamp, allowed = cost, 0.0, ws, true
 if row[1] then
   local v, p, s = tonumber(row[1]), tonumber(row[2]), tonumber(row[3])
@@ -25,6 +27,11 @@ if row[1] then
   if allowed then value = current + cost end
   prev, stamp = previous, math.max(s, ws)
 end
-redis.call('HSET', KEYS[1], 'v', fmt(value), 'p', fmt(prev), 's', fmt(stamp))
-keep(KEYS[1], KEYS[2], stamp + 2 * window, now, not row[1])
+local expires = stamp + 2 * window
+if row[4] and expires <= tonumber(row[4]) then
+  redis.call('HSET', KEYS[1], 'v', fmt(value), 'p', fmt(prev), 's', fmt(stamp))
+else
+  redis.call('HSET', KEYS[1], 'v', fmt(value), 'p', fmt(prev), 's', fmt(stamp), 'i', fmt(expires))
+  keep(KEYS[1], KEYS[2], expires, now)
+end
 return {fmt(value), fmt(prev), fmt(stamp), allowed and 1 or 0, fmt(now)}
