@@ -177,7 +177,7 @@ def test_parse_url_gives_a_store_url_or_a_configuration_error(url: str) -> None:
         parsed = parse_url(url)
     except quota.ConfigurationError:
         return
-    assert parsed.dialect in ("sqlite", "postgresql", "memory", "redis")
+    assert parsed.dialect in ("sqlite", "postgresql", "memory", "redis", "redis-cluster")
 
 
 @FUZZ

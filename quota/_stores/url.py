@@ -7,8 +7,9 @@ async drivers, ``+pysqlite`` and ``+psycopg`` the sync ones. Without one,
 `quota.connect` uses the sync default and `quota.connect_async` the async one.
 
 ``memory://`` (a store of its own per connect), ``memory://NAME`` (shared by
-name within the process) and ``redis://host:port/db`` (``rediss://`` for TLS)
-keep no SQL schema: there is nothing to migrate on them.
+name within the process), ``redis://host:port/db`` (``rediss://`` for TLS) and
+``redis+cluster://host:port,host:port/`` (a Redis Cluster; ``rediss+cluster://``
+for TLS) keep no SQL schema: there is nothing to migrate on them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ DIALECTS: dict[str, Dialect] = {
     ),
     "memory": Dialect(("memory",), "memory", "memory", schemaless=True),
     "redis": Dialect(("redis", "rediss"), "redis", "redis.asyncio", schemaless=True),
+    "redis-cluster": Dialect(
+        ("redis+cluster", "rediss+cluster"),
+        "redis.cluster",
+        "redis.asyncio.cluster",
+        schemaless=True,
+    ),
 }
 _SYNC_DRIVERS = {name: dialect.sync_driver for name, dialect in DIALECTS.items()}
 _ASYNC_DRIVERS = {name: dialect.async_driver for name, dialect in DIALECTS.items()}
@@ -67,12 +74,12 @@ class StoreURL:
     url: str
     """The URL as given."""
     dialect: str
-    """``sqlite``, ``postgresql``, ``memory`` or ``redis``."""
+    """``sqlite``, ``postgresql``, ``memory``, ``redis`` or ``redis-cluster``."""
     driver: str | None
     """The explicit driver, or None for the face's default."""
     target: str
     """The file path (SQLite), the libpq DSN without a driver and without quota's own query
-    parameters (PostgreSQL), ``NAME?options`` (memory) or the URL itself (Redis)."""
+    parameters (PostgreSQL), ``NAME?options`` (memory) or the URL itself (Redis, Redis Cluster)."""
     parameters: Mapping[str, bool | str] = field(default_factory=dict)
     """quota's own query parameters of a PostgreSQL URL (`QUOTA_PARAMETERS`)."""
 
@@ -219,8 +226,8 @@ def parse_url(url: object) -> StoreURL:
         )
     if dialect == "memory":
         return StoreURL(url, "memory", None, rest)
-    if dialect == "redis":
-        return StoreURL(url, "redis", None, url)
+    if dialect in ("redis", "redis-cluster"):
+        return StoreURL(url, dialect, None, url)
     driver = scheme.partition("+")[2]
     if dialect == "sqlite":
         # sqlite:///rel.db -> "rel.db"; sqlite:////abs.db -> "/abs.db"

@@ -181,6 +181,16 @@ def _redis_client(parsed: StoreURL, *, asynchronous: bool) -> Any:
 
     from quota._stores.redis import split_url
 
+    if parsed.dialect == "redis-cluster":
+        import redis.asyncio.cluster
+        import redis.cluster
+
+        from quota._stores.redis_cluster import parse_cluster_url
+
+        cluster = parse_cluster_url(parsed.url)
+        module = redis.asyncio.cluster if asynchronous else redis.cluster
+        nodes = [module.ClusterNode(host, port) for host, port in cluster.nodes]
+        return module.RedisCluster(startup_nodes=nodes, **cluster.options)
     target, _prefix = split_url(parsed.url)
     factory = redis.asyncio.Redis if asynchronous else redis.Redis
     return factory.from_url(target)
@@ -277,7 +287,7 @@ def _memory_quota(url: str, keys: int, duration: float, algorithm: str) -> float
 
 
 def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
-    if parsed.dialect == "redis":
+    if parsed.dialect in ("redis", "redis-cluster"):
         return _sync_bare_redis(parsed, concurrency, keys, duration)
     if parsed.dialect == "sqlite":
 
@@ -339,7 +349,7 @@ async def _async_quota(
 
 
 async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
-    if parsed.dialect == "redis":
+    if parsed.dialect in ("redis", "redis-cluster"):
         return await _async_bare_redis(parsed, concurrency, keys, duration)
     if parsed.dialect == "sqlite":
         import aiosqlite
@@ -432,7 +442,8 @@ def run_bench(
         face = "async" if parsed.dialect == "postgresql" else "sync"
     driver = parsed.driver_for(asynchronous=face == "async")
     plain = url.split("://", 1)
-    base_url = f"{parsed.dialect}://{plain[1]}"
+    # Without a +driver suffix; the schemeless stores' schemes have none (and say TLS, cluster).
+    base_url = url if parsed.dialect in SCHEMALESS else f"{parsed.dialect}://{plain[1]}"
     if parsed.dialect not in SCHEMALESS:
         migrate(url)
     if fallback and (scenario != "rate" or parsed.dialect not in ("sqlite", "postgresql")):

@@ -132,7 +132,8 @@ def diagnose(
             "url", WARN,
             f"doctor checks SQLite and PostgreSQL databases; this {parsed.dialect} store was"
             " not checked",
-            "check it with its own tools (for Redis: `redis-cli -u URL ping`)",
+            "check it with its own tools (for Redis: `redis-cli -u URL ping`; for a Redis"
+            " Cluster: `redis-cli -c -h HOST -p PORT cluster info`)",
         )
     ]  # fmt: skip
 
