@@ -59,3 +59,25 @@ def test_a_memory_url_gets_a_working_limiter(drive: object) -> None:
 @pytest.mark.parametrize("drive", [_asgi_statuses, _wsgi_statuses], ids=["asgi", "wsgi"])
 def test_a_sqlite_url_gets_a_working_limiter(drive: object, sqlite_url: str) -> None:
     assert drive(sqlite_url) == [200, 200, 429]  # type: ignore[operator]
+
+
+@pytest.mark.redis
+def test_a_redis_url_gets_group_commit_like_the_sql_stores(redis_url: str) -> None:
+    """Concurrent requests' scripts share one pipeline (one round trip) on Redis too."""
+    from quota.http.asgi import Limiters
+    from quota.http.wsgi import QuotaWSGIMiddleware
+
+    wsgi = QuotaWSGIMiddleware(lambda environ, start: [], url=redis_url, config=CONFIG)
+    try:
+        assert wsgi.limiter.options.batching
+    finally:
+        wsgi.limiter.close()
+
+    async def asgi_batching() -> bool:
+        limiters = Limiters(None, redis_url)
+        try:
+            return limiters.get().options.batching
+        finally:
+            await limiters.aclose()
+
+    assert asyncio.run(asgi_batching())

@@ -71,9 +71,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("quota.http")
 
-#: Stores whose limiter a middleware opens with group commit (the SQL ones; the
-#: memory and Redis stores decide in one call without it).
-BATCHING_DIALECTS = frozenset({"sqlite", "postgresql"})
+#: Stores whose limiter a middleware opens with group commit: the SQL ones (one
+#: statement) and Redis (one pipeline); the memory store decides in the process.
+BATCHING_DIALECTS = frozenset({"sqlite", "postgresql", "redis", "redis-cluster"})
 #: Observer of metric events: ``observer(name, labels)``; see `HttpMetrics`.
 Observer = Callable[[str, Mapping[str, str]], None]
 #: What a middleware's ``observer=`` takes: a callable as above, or a
