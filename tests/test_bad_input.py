@@ -296,7 +296,7 @@ def test_hit_with_rates_that_are_not_rates_names_rates(limiter: quota.Limiter, r
     "url",
     ["redis://", "rediss://", "redis://:secret-pw@", "redis://:secret-pw@h:abc",
      "redis://:secret-pw@h:99999", "redis://:secret-pw@[::1", "redis://:secret-pw@h?db=x",
-     "redis://:secret-pw@h?socket_timeout=x"],
+     "redis://:secret-pw@h?socket_timeout=x", "redis://:secret-pw@h/0?bogus_option=1"],
 )  # fmt: skip
 def test_a_bad_redis_url_is_a_configuration_error_naming_it_redacted(url: str) -> None:
     pytest.importorskip("redis")
@@ -305,6 +305,8 @@ def test_a_bad_redis_url_is_a_configuration_error_naming_it_redacted(url: str) -
             connect(url)
         assert "secret-pw" not in str(info.value)
         assert redact(url) in str(info.value) or "redis" in str(info.value)
+        if "bogus_option" in url:  # named at connect, not a TypeError at the first call
+            assert "bogus_option" in str(info.value)
 
 
 # -- 5. the clock ---------------------------------------------------------------------------

@@ -436,6 +436,11 @@ class _RedisStore:
         client = redis.asyncio.Redis if asynchronous else redis.Redis
         with _bad_url(url):
             self.client = client.from_url(target, **_client_options(timeout))
+            # redis-py hands unknown query parameters to each connection it makes: a
+            # TypeError at the first call. One connection built now (it opens no socket)
+            # names a bad parameter at connect time instead.
+            pool = self.client.connection_pool
+            pool.connection_class(**pool.connection_kwargs)
 
     def _failed(self, exc: Exception) -> StorageError:
         return StorageError(f"Redis error on {redact(self.url)}: {type(exc).__name__}: {exc}")
