@@ -16,21 +16,20 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
+
+from tests._support import parent_death_signal
 
 PoolMode = Literal["session", "transaction"]
 
@@ -174,28 +173,9 @@ def _config(
     )
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """What the child calls before exec to get SIGTERM when the tests die (Linux only).
-
-    Prepared here, in the parent: the child runs as `RUN_AS` by then, which may not read
-    this Python's files to import anything. It is called after Popen's switch of user,
-    which would have cleared it.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def set_signal() -> None:  # pragma: no cover - runs in the child
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-    return set_signal
-
-
-_SET_PARENT_DEATH_SIGNAL = _parent_death_signal()
+# Prepared here, in the parent: the child runs as `RUN_AS` by then, which may not read
+# this Python's files to import anything (see `tests._support.parent_death_signal`).
+_SET_PARENT_DEATH_SIGNAL = parent_death_signal()
 
 
 def start_pgbouncer(

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import random
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests._support import parent_death_signal
 
 SERVER = "/usr/bin/redis-server"
 CLI = "/usr/bin/redis-cli"
@@ -85,23 +84,7 @@ def free_ports(count: int, *, taken: set[int] | None = None, attempts: int = 200
     raise ClusterError(f"found only {len(chosen)} of {count} free port pairs in {attempts} tries")
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """What the child calls before exec to get SIGTERM when the tests die (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def set_signal() -> None:  # pragma: no cover - runs in the child
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-    return set_signal
-
-
-_SET_PARENT_DEATH_SIGNAL = _parent_death_signal()
+_SET_PARENT_DEATH_SIGNAL = parent_death_signal()
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:

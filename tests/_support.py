@@ -7,7 +7,10 @@ processes) can import them by name.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import math
+import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -149,3 +152,24 @@ class Backend(Face):
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         finally:
             self._loop.close()
+
+
+def parent_death_signal() -> Callable[[], None] | None:
+    """What the child calls before exec to get SIGTERM when the tests die (Linux only).
+
+    Prepare it in the parent (a child that switched user may not read this Python's
+    files to import anything) and pass it as ``preexec_fn``: it runs after Popen's
+    switch of user, which would have cleared it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_signal() -> None:  # pragma: no cover - runs in the child
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+    return set_signal

@@ -598,16 +598,21 @@ def test_a_database_error_in_a_batch_reaches_every_caller_as_one_by_one(
 
 
 @pytest.mark.slow
-def test_processes_batching_on_one_key_allow_exactly_the_limit(sql_url: str) -> None:
+@pytest.mark.parametrize("dialect", backend_params("sqlite", "postgresql", "redis"))
+def test_processes_batching_on_one_key_allow_exactly_the_limit(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    """Group commit in four OS processes (SQL: one statement a batch; Redis: one pipeline)."""
+    url = store_url(request, dialect)
     limit, callers, hits = 37, 6, 15
     faces = ["async", "sync", "async", "sync"]
     results = _workers.run_processes(
         multiprocessing.get_context("spawn"),
         _batch_workers.batched_hit_worker,
-        [(sql_url, face, KEY, limit, callers, hits) for face in faces],
+        [(url, face, KEY, limit, callers, hits) for face in faces],
     )
     counts = [count for result in results for count in result]
     assert sorted(counts) == list(range(1, len(faces) * callers * hits + 1))
     assert sum(count <= limit for count in counts) == limit
-    with quota.connect(sql_url, clock=lambda: _workers.FIXED_NOW) as limiter:
+    with quota.connect(url, clock=lambda: _workers.FIXED_NOW) as limiter:
         assert limiter.peek(KEY, limit, 3600).count == len(counts)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import select
 import selectors
 import socket
@@ -35,7 +34,6 @@ from quota._wrappers.batching import (
     batch_statement,
     is_batch_statement,
 )
-from tests import _batch_workers, _workers
 from tests._support import Clock
 from tests.test_batching import KEY, _check_positions, _Spy
 
@@ -231,22 +229,6 @@ def test_concurrent_threads_on_one_key_get_every_count_once(redis_url: str) -> N
     assert spy.batch_statements >= 1  # the queued threads went out together
     assert spy.hit_statements + spy.batch_statements < threads * hits
     assert stored == threads * hits
-
-
-@pytest.mark.slow
-def test_processes_batching_on_one_key_allow_exactly_the_limit(redis_url: str) -> None:
-    limit, callers, hits = 37, 6, 15
-    faces = ["async", "sync", "async", "sync"]
-    results = _workers.run_processes(
-        multiprocessing.get_context("spawn"),
-        _batch_workers.batched_hit_worker,
-        [(redis_url, face, KEY, limit, callers, hits) for face in faces],
-    )
-    counts = [count for result in results for count in result]
-    assert sorted(counts) == list(range(1, len(faces) * callers * hits + 1))
-    assert sum(count <= limit for count in counts) == limit
-    with quota.connect(redis_url, clock=lambda: _workers.FIXED_NOW) as limiter:
-        assert limiter.peek(KEY, limit, 3600).count == len(counts)
 
 
 # -- a pipeline that fails ----------------------------------------------------------------------

@@ -367,9 +367,13 @@ def _client_options(timeout: float) -> dict[str, Any]:
     }
 
 
+_EXPECTED = "expected redis://[:password@]host[:port][/db] (rediss:// for TLS)"
+
+
 @contextlib.contextmanager
-def _bad_url(url: str) -> Iterator[None]:
-    """Turn redis-py's (and urllib's) ValueError about `url` into a `ConfigurationError` naming it."""
+def _bad_url(url: str, *, kind: str = "Redis URL", expected: str = _EXPECTED) -> Iterator[None]:
+    """Turn redis-py's (and urllib's) ValueError about `url` into a `ConfigurationError`
+    naming it (a `kind` of URL, `expected` saying what one looks like), password hidden."""
     try:
         yield
     except ConfigurationError:
@@ -380,8 +384,7 @@ def _bad_url(url: str) -> Iterator[None]:
         if password:
             detail = detail.replace(password, "***")
         raise ConfigurationError(
-            f"url {redact(url)!r} is not a valid Redis URL ({detail}); expected"
-            " redis://[:password@]host[:port][/db] (rediss:// for TLS)"
+            f"url {redact(url)!r} is not a valid {kind} ({detail}); {expected}"
         ) from None
 
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
@@ -73,9 +73,9 @@ from quota._stores.redis import (
     RedisStore,
     _glob_escape,
     _import_redis,
-    _password,
     split_url,
 )
+from quota._stores.redis import _bad_url as _redis_bad_url
 from quota._stores.url import redact
 
 DEFAULT_PORT = 6379
@@ -117,21 +117,9 @@ class ClusterTarget:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def _bad_url(url: str) -> Iterator[None]:
+def _bad_url(url: str) -> contextlib.AbstractContextManager[None]:
     """Turn a ValueError about `url` into a `ConfigurationError` naming it, password hidden."""
-    try:
-        yield
-    except ConfigurationError:
-        raise
-    except (ValueError, TypeError) as exc:
-        detail = str(exc)
-        password = _password(url)
-        if password:
-            detail = detail.replace(password, "***")
-        raise ConfigurationError(
-            f"url {redact(url)!r} is not a valid Redis Cluster URL ({detail}); {_EXPECTED}"
-        ) from None
+    return _redis_bad_url(url, kind="Redis Cluster URL", expected=_EXPECTED)
 
 
 def parse_cluster_url(url: str) -> ClusterTarget:
