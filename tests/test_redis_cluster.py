@@ -10,6 +10,7 @@ skip, saying why; under QUOTA_TEST_REQUIRE_POSTGRES=1 (CI) a missing server fail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -23,6 +24,7 @@ import pytest
 
 import quota
 from quota import Fallback
+from quota._stores import redis as _redis
 from quota._stores.redis_cluster import parse_cluster_url
 from quota._stores.url import SCHEMALESS, parse_url
 from tests._redis_cluster import RedisCluster, find_binaries, running_cluster
@@ -338,6 +340,60 @@ def test_a_batched_pipeline_spans_masters_and_reloads_lost_scripts_async(
 
 
 @pytest.mark.redis
+def test_an_async_batch_is_one_round_trip_per_master(
+    cluster: RedisCluster, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit on the async face: the scripts of a batch go out as one pipeline to
+    each master that owns some of their keys, not as one command each."""
+    from redis.asyncio.cluster import ClusterNode
+
+    pipelines: list[int] = []
+    singles: list[str] = []
+    execute_pipeline = ClusterNode.execute_pipeline
+    execute_command = ClusterNode.execute_command
+
+    async def counted_pipeline(self: Any, commands: list[Any]) -> bool:
+        pipelines.append(len(commands))
+        return await execute_pipeline(self, commands)
+
+    async def counted_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        singles.append(str(args[0]))
+        return await execute_command(self, *args, **kwargs)
+
+    monkeypatch.setattr(ClusterNode, "execute_pipeline", counted_pipeline)
+    monkeypatch.setattr(ClusterNode, "execute_command", counted_command)
+    keys = [f"trip-{i}" for i in range(30)]
+
+    async def main() -> list[int]:
+        limiter = quota.connect_async(cluster_url, clock=lambda: T0, batching=True)
+        try:
+            await limiter.rate_limit("warm-up", 5, 60)  # the cluster discovered
+            store = limiter.store
+            while not hasattr(store, "planner"):  # the batcher (and fallback) wrap the store
+                store = store.store
+            # On every master (a replica promoted by an earlier test has no script cache).
+            await store._send("SCRIPT", ("LOAD", _redis.SCRIPTS["fixed_window"]))
+            pipelines.clear()
+            singles.clear()
+            commands = [("EVALSHA", store.planner.hit_args(_sql_hit_params(key))) for key in keys]
+            replies = await store._send("PIPELINE", tuple(commands))
+            return [int(reply) for reply in replies]
+        finally:
+            await limiter.aclose()
+
+    assert asyncio.run(main()) == [1] * len(keys)
+    assert sum(pipelines) == len(keys)
+    assert len(pipelines) <= len(cluster.masters())
+    assert "EVALSHA" not in singles
+
+
+def _sql_hit_params(key: str) -> tuple[Any, ...]:
+    """The parameters of the fixed window's hot statement for `key` (one hit, 60 s windows)."""
+    start = int(T0) - int(T0) % 60
+    return (f"60:{start}:k:{key}", f"k:{key}", start, 60, 1, T0)
+
+
+@pytest.mark.redis
 @pytest.mark.parametrize("batching", [False, True])
 def test_a_resharded_slot_is_followed_without_marking_the_store_down(
     cluster: RedisCluster, cluster_url: str, prefix: str, batching: bool, caplog: Any
@@ -420,6 +476,64 @@ def test_a_master_killed_mid_load_with_a_fallback_bridges_and_comes_back(
         assert plain.peek("after", 5, 60).count == 1
         # The outage's hits were written back to the same window.
         assert plain.peek(key, limit, 3600).count >= limit
+
+
+@pytest.mark.redis
+def test_a_master_killed_under_async_group_commit_with_a_fallback_bridges_and_comes_back(
+    cluster: RedisCluster, cluster_url: str, prefix: str
+) -> None:
+    """Concurrent tasks batching into per-node pipelines: a master killed mid-load never
+    raises into a caller, and decisions come from the cluster again after promotion."""
+    victim = sorted(cluster.masters())[0]
+    key = _key_on(cluster, prefix, victim, "batched-victim")
+    limit = 10
+    counts = {"calls": 0, "allowed": 0}
+
+    async def main() -> None:
+        limiter = quota.connect_async(
+            cluster_url, batching=True, fallback=Fallback(timeout=0.5, probe_interval=0.1)
+        )
+        went_down = asyncio.Event()
+
+        async def hits() -> None:
+            while True:
+                decisions = await asyncio.gather(
+                    *(limiter.rate_limit(key, limit, 3600) for _ in range(8))
+                )
+                counts["calls"] += len(decisions)
+                counts["allowed"] += sum(d.allowed for d in decisions)
+                if not limiter.store.up:
+                    went_down.set()
+                await asyncio.sleep(0.002)
+
+        async def until(condition: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + DEADLINE
+            while not condition():
+                assert time.monotonic() < deadline, f"not within {DEADLINE}s: {what}"
+                await asyncio.sleep(0.01)
+
+        worker = asyncio.ensure_future(hits())
+        try:
+            await until(lambda: counts["calls"] >= 40 or worker.done(), "the first hits")
+            cluster.kill(victim)
+            await until(lambda: went_down.is_set() or worker.done(), "the store marked down")
+            await asyncio.to_thread(cluster.wait_promoted, victim)
+            await until(lambda: limiter.store.up or worker.done(), "the probe switching back")
+            back_at = counts["calls"]
+            await until(lambda: counts["calls"] >= back_at + 40 or worker.done(), "hits after")
+            assert not worker.done(), worker.exception()  # no exception reached a caller
+            assert (await limiter.rate_limit("batched-after", 5, 60)).allowed
+        finally:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+            await limiter.aclose()
+
+    asyncio.run(main())
+    # One process: the cluster's allowance, then memory's own during the outage.
+    assert limit <= counts["allowed"] <= 2 * limit, counts
+    with quota.connect(cluster_url) as plain:
+        assert plain.peek("batched-after", 5, 60).count == 1  # counted on the cluster
 
 
 @pytest.mark.redis

@@ -394,16 +394,48 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
             return await self.client.execute_command("EVAL", *evaluated)
 
     async def _pipeline(self, commands: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        """Send `commands` concurrently, each to its key's node, each at most once (redirections
-        aside, which did not run); one entry per command: its reply or its exception."""
+        """Send `commands` as one pipeline per node, the nodes at once; redirected ones (and
+        NOSCRIPT) again one by one. One entry per command: its reply or its exception.
 
-        async def one(name: str, args: tuple[Any, ...]) -> Any:
+        Each node's pipeline is written and read once on one of its connections (redis.asyncio's
+        ``ClusterNode.execute_pipeline``), never sent again: a node's lost replies stay
+        errors (see `RedisClusterStore._pipeline`).
+        """
+        from redis.asyncio.cluster import PipelineCommand
+        from redis.exceptions import AskError, ConnectionError, TimeoutError, TryAgainError
+
+        client = self.client
+        groups: dict[str, tuple[Any, list[Any]]] = {}
+        for index, (name, args) in enumerate(commands):
+            slot = await client._determine_slot(name, *args)
+            node = client.nodes_manager.get_node_from_slot(slot)
+            groups.setdefault(node.name, (node, []))[1].append(PipelineCommand(index, name, *args))
+        replies: list[Any] = [None] * len(commands)
+
+        async def send(node: Any, batch: list[Any]) -> None:
             try:
-                return await self._keyed(name, args)
+                await node.execute_pipeline(batch)
             except self._errors as exc:
-                return exc
+                for command in batch:
+                    command.result = exc
+                if isinstance(exc, (ConnectionError, TimeoutError)):
+                    # As the client does for a command: learn the cluster again before
+                    # the next call (a failover may have moved the node's slots).
+                    await node.disconnect_free_connections()
+                    client._initialize = True
+            for command in batch:
+                replies[command.position] = command.result
 
-        return list(await asyncio.gather(*(one(name, args) for name, args in commands)))
+        await asyncio.gather(*(send(node, batch) for node, batch in groups.values()))
+        for index, reply in enumerate(replies):
+            name, args = commands[index]
+            # Redirected (MovedError is an AskError) or NOSCRIPT: none of these ran.
+            if isinstance(reply, (AskError, TryAgainError)) or _evaluated(name, args, reply):
+                try:
+                    replies[index] = await self._keyed(name, args)
+                except self._errors as exc:
+                    replies[index] = exc
+        return replies
 
     async def aclose(self) -> None:
         manager = self.client.nodes_manager
