@@ -156,9 +156,8 @@ def parse_cluster_url(url: str) -> ClusterTarget:
             )
         # redis-py reads the credentials and types the options as it would for one node.
         first = hosts.split(",")[0].strip()
-        options: dict[str, Any] = parse_url(  # type: ignore[no-untyped-call]
-            f"{scheme}://{credentials}{at}{first}/?{parts.query}"
-        )
+        untyped: Any = parse_url  # redis-py leaves it unannotated
+        options: dict[str, Any] = untyped(f"{scheme}://{credentials}{at}{first}/?{parts.query}")
     for name in ("host", "port", "db", "path"):
         options.pop(name, None)
     if options.pop("connection_class", None) is not None:
@@ -523,4 +522,5 @@ def _track_dropped_nodes(manager: Any) -> None:
 def _gone(node: str) -> Exception:
     from redis.exceptions import ConnectionError
 
-    return ConnectionError(f"node {node} is no longer in the cluster")
+    gone: Exception = ConnectionError(f"node {node} is no longer in the cluster")
+    return gone

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
@@ -79,7 +79,7 @@ def ratelimit(
                     request.limited = getattr(request, "limited", False)
                 return await fn(request, *args, **kwargs)
 
-            return markcoroutinefunction(_async_wrapped)  # type: ignore[return-value]
+            return cast(F, markcoroutinefunction(_async_wrapped))
 
         @wraps(fn)
         def _wrapped(request: Any, *args: Any, **kwargs: Any) -> Any:
