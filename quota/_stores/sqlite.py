@@ -333,8 +333,51 @@ def _busy(exc: sqlite3.Error) -> bool:
     return bool(code & 0xFF == _SQLITE_BUSY)
 
 
+#: Rows aiosqlite fetches per trip when iterating a cursor (its default).
+_ITER_CHUNK_SIZE = 64
+
 #: ``sqlite3.SQLITE_BUSY`` (the constant is missing before Python 3.11).
 _SQLITE_BUSY = 5
+
+
+async def _wait_out(job: asyncio.Future[T]) -> T:
+    """`job`'s result; if the caller is cancelled meanwhile, it still waits for `job` to end.
+
+    For work on aiosqlite's worker thread: the worker hands every result to
+    the event loop, so work abandoned half-way would hand it to a loop that may
+    be closed by then. The cancellation is raised once `job` is done, however
+    often it comes (anyio's cancel scopes cancel again every loop turn).
+    """
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        while not job.done():
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(job)
+        raise
+
+
+class _Connection(aiosqlite.Connection):
+    """`aiosqlite.Connection`, keeping the future of its worker's stop.
+
+    When connecting fails or is cancelled, aiosqlite stops its worker thread
+    itself and waits for nothing: `stopping` lets the store wait until the
+    worker has handed back its last result.
+    """
+
+    stopping: asyncio.Future[Any] | None = None
+
+    def stop(self) -> asyncio.Future[Any] | None:
+        future: asyncio.Future[Any] | None = super().stop()
+        if future is not None:
+            self.stopping = future
+        return future
+
+    async def stopped(self) -> None:
+        """Wait for the worker to finish its last job, if it was told to stop."""
+        if self.stopping is not None:
+            with contextlib.suppress(Exception):
+                await _wait_out(self.stopping)
 
 
 class AsyncSQLiteStore(_SQLiteFile):
@@ -352,6 +395,13 @@ class AsyncSQLiteStore(_SQLiteFile):
     loop (that would fsync there); the worker checkpoints the WAL once it
     outgrows `WAL_CHECKPOINT_BYTES`, this store's statements queuing on the
     worker meanwhile.
+
+    Close the store (`aclose`) before its event loop closes: the worker hands
+    its results to that loop, and closing waits for whatever it still has to
+    do (statements of calls cancelled meanwhile, a connection being opened).
+    Opening the connection, a transaction and closing run to their end on the
+    worker even when their caller is cancelled; the cancellation is raised
+    once they are done.
     """
 
     def __init__(
@@ -359,6 +409,7 @@ class AsyncSQLiteStore(_SQLiteFile):
     ) -> None:
         super().__init__(path, url, busy_timeout=busy_timeout, db_clock=db_clock)
         self._conn: aiosqlite.Connection | None = None
+        self._opening: asyncio.Future[aiosqlite.Connection] | None = None
         self._lock: asyncio.Lock | None = None
         self._inline: sqlite3.Cursor | None = None
         self._inline_thread = 0
@@ -368,19 +419,30 @@ class AsyncSQLiteStore(_SQLiteFile):
         self._checkpoint_asked = 0
 
     async def _open(self) -> aiosqlite.Connection:
+        """Connect, set the file up and check its schema; `self._conn` once done.
+
+        Runs as a task of its own (`_start`), which a cancelled caller waits out.
+        """
+        path, timeout = self._path, self._busy_timeout
+        pending = _Connection(
+            lambda: sqlite3.connect(path, timeout=timeout, isolation_level=None),
+            _ITER_CHUNK_SIZE,
+        )
+        # aiosqlite's worker thread is not a daemon: a store nobody closed
+        # (the module-level default limiter, say) would keep the process
+        # from exiting. SQLite recovers an unclosed WAL file on next open.
+        worker = getattr(pending, "_thread", None)
+        if worker is not None and not worker.is_alive():
+            worker.daemon = True
         try:
-            pending = aiosqlite.connect(
-                self._path, timeout=self._busy_timeout, isolation_level=None
-            )
-            # aiosqlite's worker thread is not a daemon: a store nobody closed
-            # (the module-level default limiter, say) would keep the process
-            # from exiting. SQLite recovers an unclosed WAL file on next open.
-            worker = getattr(pending, "_thread", None)
-            if worker is not None and not worker.is_alive():
-                worker.daemon = True
             conn = await pending
-        except sqlite3.Error as exc:
-            raise wrap_error(exc, self.url) from exc
+        except BaseException as exc:
+            # aiosqlite has told its worker to stop: wait until it has, so
+            # that it hands nothing more to this loop once the call is over.
+            await pending.stopped()
+            if isinstance(exc, sqlite3.Error):
+                raise wrap_error(exc, self.url) from exc
+            raise
         try:
             await aset_up(conn, self._busy_timeout)
             try:
@@ -391,7 +453,7 @@ class AsyncSQLiteStore(_SQLiteFile):
                 rows = None
             check_version(rows, self.url)
         except BaseException as exc:
-            await conn.close()
+            await _wait_out(asyncio.ensure_future(conn.close()))
             if isinstance(exc, sqlite3.Error):
                 raise wrap_error(exc, self.url) from exc
             raise
@@ -508,7 +570,10 @@ class AsyncSQLiteStore(_SQLiteFile):
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._conn is None:
-                return await self._open()
+                # A caller cancelled meanwhile waits for the opening to end (a
+                # connection opened is kept for the next call, or `aclose`).
+                self._opening = asyncio.ensure_future(self._open())
+                return await _wait_out(self._opening)
             return self._conn
 
     async def run(self, op: Op[T], *, transaction: bool) -> T:
@@ -532,18 +597,10 @@ class AsyncSQLiteStore(_SQLiteFile):
             # task cancelled while awaiting it leaves the worker to finish,
             # and the job itself always ends in COMMIT or ROLLBACK, so no
             # write lock is ever left held between BEGIN and its cleanup.
-            job = asyncio.ensure_future(self._transaction(conn, op, execute))
-            try:
-                return await asyncio.shield(job)
-            except asyncio.CancelledError:
-                # The caller gave up, but the job goes on to its COMMIT or ROLLBACK
-                # (at most the busy timeout): wait for it, shielded from any further
-                # cancellation (anyio's cancel scopes cancel again every loop turn),
-                # so that the lock, and the worker, are free when this call ends.
-                while not job.done():
-                    with contextlib.suppress(BaseException):
-                        await asyncio.shield(job)
-                raise
+            # If the caller gives up, the job goes on to its COMMIT or ROLLBACK
+            # (at most the busy timeout) and the call waits for it, so that the
+            # lock, and the worker, are free when it ends.
+            return await _wait_out(asyncio.ensure_future(self._transaction(conn, op, execute)))
 
     async def _transaction(
         self,
@@ -569,6 +626,19 @@ class AsyncSQLiteStore(_SQLiteFile):
             raise wrap_error(exc, self.url) from exc
 
     async def aclose(self) -> None:
+        """Close the connections, once the worker has done what it was given.
+
+        A connection still being opened is waited for and closed. Cancelled
+        meanwhile, this still closes everything before raising the cancellation.
+        """
+        await _wait_out(asyncio.ensure_future(self._close()))
+
+    async def _close(self) -> None:
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            await asyncio.wait({opening})
+            if not opening.cancelled():
+                opening.exception()  # retrieved: its callers had it raised
         checkpoint, self._checkpoint = self._checkpoint, None
         if checkpoint is not None:
             await asyncio.gather(checkpoint, return_exceptions=True)
