@@ -59,18 +59,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The helpers the HTTP benchmark has already (this directory is on sys.path: a script's own).
+from bench_http import WRK_SCRIPT, _median, _safe, free_port
+from bench_http import _wrk_percentile as _percentile
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 HOST = "127.0.0.1"
 SECRET = "bench-hash-secret-0123456789"
 RATE = "1000000000/h"
 
-WRK_SCRIPT = """
-math.randomseed(%d)
-request = function()
-  return wrk.format("GET", "/", {["x-api-key"] = "key-" .. math.random(1, %d)})
-end
-"""
 
 # -- the Django project (when imported by gunicorn or manage.py) ------------------------------
 
@@ -163,13 +161,6 @@ class Setup:
     runs: list[dict[str, float | None]] = field(default_factory=list)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _project_env(setup: Setup) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QUOTA_", "RATE_LIMIT_"))}
     env.update(
@@ -257,14 +248,6 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-_UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-def _percentile(output: str, percent: int) -> float | None:
-    match = re.search(rf"^\s*{percent}%\s+([\d.]+)(us|ms|s)\s*$", output, re.M)
-    return float(match.group(1)) * _UNIT_MS[match.group(2)] if match else None
-
-
 def run_wrk(port: int, connections: int, duration: int, keys: int, seed: int) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT % (seed, keys))
@@ -308,15 +291,6 @@ def _admin(server_url: str, sql: str) -> None:
 
     with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as conn:
         conn.execute(sql)
-
-
-def _median(values: list[Any]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def _safe(url: str) -> str:
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
