@@ -189,6 +189,10 @@ class ClusterPlan(RedisPlan):
         return rows[:limit]
 
 
+#: Each script's source by its digest (what a NOSCRIPT answer asks for).
+_SOURCES = {sha: SCRIPTS[script] for script, sha in SHAS.items()}
+
+
 def _evaluated(name: str, args: tuple[Any, ...], error: Exception) -> tuple[Any, ...] | None:
     """The ``EVAL`` arguments that run the script an ``EVALSHA`` of ours asked for, when the
     node answered `error` NOSCRIPT; None for any other command or error (raise that)."""
@@ -196,8 +200,7 @@ def _evaluated(name: str, args: tuple[Any, ...], error: Exception) -> tuple[Any,
 
     if name != "EVALSHA" or not isinstance(error, NoScriptError):
         return None
-    sources = {sha: SCRIPTS[script] for script, sha in SHAS.items()}
-    source = sources.get(str(args[0]))
+    source = _SOURCES.get(str(args[0]))
     return None if source is None else (source, *args[1:])
 
 

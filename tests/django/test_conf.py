@@ -217,6 +217,33 @@ def test_async_limiter_closes_with_its_loop(quota_db: str, monkeypatch: pytest.M
     assert closed == [True]
 
 
+def test_an_async_limiter_replaced_by_a_settings_change_is_closed_once(
+    quota_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[str] = []
+
+    async def use() -> None:
+        old = conf.get_async_limiter()
+        original = old.aclose
+
+        async def aclose() -> None:
+            closed.append("old")
+            await original()
+
+        monkeypatch.setattr(old, "aclose", aclose)
+        await old.rate_limit("replaced", 5, 60)
+        conf.reset()  # what setting_changed does for QUOTA or DATABASES
+        new = conf.get_async_limiter()
+        assert new is not old
+        assert (await new.rate_limit("replaced", 5, 60)).count == 2  # same database
+        # The old one is closed on this loop, in the background.
+        await asyncio.wait_for(asyncio.gather(*conf._closing), timeout=10)
+        assert closed == ["old"]
+
+    asyncio.run(use())
+    assert closed == ["old"]  # not closed again when the loop shut down
+
+
 def test_get_async_limiter_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError):
         conf.get_async_limiter()

@@ -293,9 +293,7 @@ _built: tuple[int, str, object, object, str] | None = None
 def _url() -> str:
     """The URL the limiters use, rebuilt only when the alias's dict or database name changes."""
     global _built
-    configured = _settings
-    if configured is None:
-        configured = _current_settings()
+    configured = _current_settings()
     if configured.url is not None:
         return configured.url
     alias = configured.database
@@ -371,7 +369,7 @@ def get_async_limiter() -> AsyncLimiter:
             if entry[0] != key[0]:
                 _inherited.append(entry[3:])
             else:
-                task = loop.create_task(_retire(entry[3], entry[4]))
+                task = loop.create_task(_retire(entry[4]))
                 _closing.add(task)
                 task.add_done_callback(_closing.discard)
         limiter = connect_async(key[2], options=_current_settings().limiter_options())
@@ -401,9 +399,9 @@ def _start(closer: AsyncIterator[None]) -> None:
     raise RuntimeError("quota: the closing generator awaited before its yield")  # pragma: no cover
 
 
-async def _retire(limiter: AsyncLimiter, closer: Any) -> None:
+async def _retire(closer: Any) -> None:
+    """Close a replaced limiter: its closing generator's ``finally`` does."""
     await closer.aclose()
-    await limiter.aclose()
 
 
 def reset() -> None:
