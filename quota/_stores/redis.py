@@ -110,8 +110,8 @@ class RedisPlan:
         self.db_clock = db_clock
         self._no_script = no_script
         statements: dict[Statement, Callable[[Any], Plan]] = {
-            _sql.HIT: functools.partial(self._hit, capped=False),
-            _sql.HIT_CAPPED: functools.partial(self._hit, capped=True),
+            _sql.HIT: self._hit,
+            _sql.HIT_CAPPED: self._hit,  # its limit rides after HIT's parameters (`hit_args`)
             _sql.PEEK: self._peek,
             _sql.STATE_PEEK: self._state_peek,
             _sql.RESET_ALL: functools.partial(self._reset, kind="fw"),
@@ -184,7 +184,7 @@ class RedisPlan:
         """The rows of `quota._sql.statements.HIT` (``HIT_CAPPED``) from its script's reply."""
         return () if reply is None else ((reply,),)
 
-    def _hit(self, params: Sequence[Any], *, capped: bool) -> Plan:
+    def _hit(self, params: Sequence[Any]) -> Plan:
         args = self.hit_args(params)
         return self.hit_rows((yield from self._eval("fixed_window", args[2:4], args[4:])))
 
