@@ -31,6 +31,7 @@ from quota.contrib.django.conf import get_limiter
 from quota.contrib.django.core import Plan
 from quota.contrib.django.decorators import DECISIONS_ATTRIBUTE
 from quota.contrib.django.exceptions import Ratelimited
+from quota.contrib.django.middleware import to_django
 from quota.http._responses import (
     PROBLEM_JSON,
     RATE_LIMITED,
@@ -68,12 +69,9 @@ def rate_limit_response(request: Any, exception: Ratelimited) -> HttpResponse:
         body = problem(429, "Too Many Requests", "Rate limit exceeded.", RATE_LIMITED, 0)
         return HttpResponse(body, status=429, content_type=PROBLEM_JSON)
     headers = _headers(group, decision)
-    built = too_many_requests(decision, headers, _shape(group, decision.limit, decision.window))
-    response = HttpResponse(built.body, status=built.status, content_type=PROBLEM_JSON)
-    for name, value in built.headers:
-        if name.lower() not in ("content-type", "content-length"):
-            response[name] = value
-    return response
+    return to_django(
+        too_many_requests(decision, headers, _shape(group, decision.limit, decision.window))
+    )
 
 
 def _add_headers(response: Any, group: str, decision: Decision) -> Any:
