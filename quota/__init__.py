@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from quota._core.algorithms import ALGORITHMS, Rate
 from quota._core.decision import Decision
-from quota._core.errors import ConfigurationError, Overloaded, QuotaError, SchemaError, StorageError
+from quota._core.errors import (
+    ConfigurationError,
+    Overloaded,
+    QuotaError,
+    RateLimitTimeout,
+    SchemaError,
+    StorageError,
+)
 from quota._core.rates import parse_rates
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
 from quota._limiter.default import rate_limit, rate_limit_async
@@ -63,6 +70,7 @@ __all__ = [
     "QuotaLimit",
     "QuotaUsage",
     "Rate",
+    "RateLimitTimeout",
     "RateWindow",
     "RefundResult",
     "SchemaError",

@@ -5,14 +5,21 @@
     ├── StorageError         the database failed or could not be reached
     │   └── SchemaError      the tables are missing or older than this code needs;
     │                        the message names the command that fixes it
-    └── Overloaded           too much work in flight: the request was shed; answer
-                             503 with ``Retry-After: <retry_after>``
+    ├── Overloaded           too much work in flight: the request was shed; answer
+    │                        503 with ``Retry-After: <retry_after>``
+    └── RateLimitTimeout     a wait for a slot (``acquire``, a concurrency block)
+                             ran out of time; ``decision`` is the last denial
 
 Driver exceptions are never raised bare: a store wraps them in `StorageError`
 (or `SchemaError`) with ``raise ... from exc`` so the original stays attached.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quota._core.decision import Decision
 
 
 class QuotaError(Exception):
@@ -50,3 +57,15 @@ class Overloaded(QuotaError):
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RateLimitTimeout(QuotaError):
+    """A wait for a slot ran out of time before the hit was allowed; nothing was charged.
+
+    `decision` is the last denied `Decision` (its `retry_after` tells how long the
+    wait still had to go), or None where no decision was read.
+    """
+
+    def __init__(self, message: str, *, decision: Decision | None = None) -> None:
+        super().__init__(message)
+        self.decision = decision
