@@ -422,6 +422,39 @@ def test_a_resharded_slot_is_followed_without_marking_the_store_down(
     assert not [r for r in caplog.records if "is down" in r.getMessage()]
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("with_fallback", [False, True])
+def test_the_async_store_replaces_connections_every_node_killed_while_idle(
+    cluster: RedisCluster, cluster_url: str, prefix: str, with_fallback: bool, caplog: Any
+) -> None:
+    """``CLIENT KILL TYPE normal`` on every node between calls: each call is answered
+    by the cluster, each hit counted once."""
+    caplog.set_level(logging.WARNING, logger="quota")
+    fallback = Fallback(timeout=2.0, probe_interval=0.2) if with_fallback else None
+    keys = [f"idle-{i}" for i in range(6)]
+
+    async def main() -> list[bool]:
+        limiter = quota.connect_async(cluster_url, clock=lambda: T0, fallback=fallback)
+        allowed = []
+        try:
+            for _ in range(4):
+                for key in keys:
+                    allowed.append((await limiter.rate_limit(key, 2, 3600)).allowed)
+                for port in cluster.ports:
+                    cluster.command(port, "CLIENT", "KILL", "TYPE", "normal")
+                for _ in range(50):  # the loop reads the servers' end of the streams
+                    await asyncio.sleep(0.01)
+            assert limiter.store.up
+            counts = {(await limiter.peek(key, 2, 3600)).count for key in keys}
+            assert counts == {4}
+        finally:
+            await limiter.aclose()
+        return allowed
+
+    assert asyncio.run(main()) == [True] * 12 + [False] * 12
+    assert not [r for r in caplog.records if "is down" in r.getMessage()]
+
+
 # -- a master killed ------------------------------------------------------------------------
 
 

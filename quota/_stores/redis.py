@@ -420,6 +420,37 @@ def _checked_url(url: str) -> tuple[str, str]:
     return target, prefix
 
 
+#: `fresh_before_send` of each redis.asyncio connection class, made once.
+_FRESH: dict[type, type] = {}
+
+
+def fresh_before_send(base: Any) -> type:
+    """A subclass of redis.asyncio's connection class `base` that, before it writes a
+    command, replaces its socket if the server closed it while it sat idle.
+
+    A server closes idle connections (its ``timeout``, a proxy's or a managed service's
+    idle limit, ``CLIENT KILL``); a command written on one is lost with a
+    ``ConnectionError``, and since redis-py cannot tell whether it ran, it is not sent
+    again. redis.asyncio's pool checks for this only while maintenance notifications are
+    off, and its cluster client not at all. Once the socket has read the server's end of
+    the stream, nothing written on it can have run: a new connection before the command
+    goes out loses nothing and never counts a hit twice.
+    """
+    fresh = _FRESH.get(base)
+    if fresh is None:
+
+        async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+            reader = getattr(self, "_reader", None)
+            if reader is not None and (reader.at_eof() or reader.exception() is not None):
+                await self.disconnect()
+            await base.send_packed_command(self, command, check_health)
+
+        fresh = type(base.__name__, (base,), {"send_packed_command": send_packed_command})
+        fresh.__module__ = base.__module__
+        _FRESH[base] = fresh
+    return fresh
+
+
 class _RedisStore:
     """What both faces share: the URL, the client, the planner and the error wrapping."""
 
@@ -444,6 +475,8 @@ class _RedisStore:
             # names a bad parameter at connect time instead.
             pool = self.client.connection_pool
             pool.connection_class(**pool.connection_kwargs)
+            if asynchronous:
+                pool.connection_class = fresh_before_send(pool.connection_class)
 
     def _failed(self, exc: Exception) -> StorageError:
         return StorageError(f"Redis error on {redact(self.url)}: {type(exc).__name__}: {exc}")
@@ -555,7 +588,11 @@ class RedisStore(_RedisStore):
 
 
 class AsyncRedisStore(_RedisStore):
-    """Async Redis store on redis.asyncio; safe to share between tasks of one loop."""
+    """Async Redis store on redis.asyncio; safe to share between tasks of one loop.
+
+    A connection the server closed while it sat idle is replaced before a command is
+    written on it (`fresh_before_send`), as the sync store does.
+    """
 
     def __init__(self, url: str, *, timeout: float = 10.0, db_clock: bool = False) -> None:
         super().__init__(url, timeout=timeout, db_clock=db_clock, asynchronous=True)

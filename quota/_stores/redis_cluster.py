@@ -73,6 +73,7 @@ from quota._stores.redis import (
     RedisStore,
     _glob_escape,
     _import_redis,
+    fresh_before_send,
     split_url,
 )
 from quota._stores.redis import _bad_url as _redis_bad_url
@@ -359,7 +360,14 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
             self.client = redis.asyncio.cluster.RedisCluster(
                 startup_nodes=startup, retry=Retry(NoBackoff(), 0), **_settings(target, timeout)
             )
-        _track_dropped_nodes(self.client.nodes_manager)
+        manager = self.client.nodes_manager
+        _track_dropped_nodes(manager)
+        # Every node's connections (those it discovers later too) replace a socket the
+        # server closed before writing a command on it (see `fresh_before_send`).
+        fresh = fresh_before_send(manager.connection_kwargs["connection_class"])
+        manager.connection_kwargs["connection_class"] = fresh
+        for node in manager.startup_nodes.values():
+            node.connection_class = fresh
 
     async def _send(self, name: str, args: tuple[Any, ...]) -> Any:
         client = self.client
