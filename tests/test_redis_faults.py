@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,7 @@ from tests.conftest import ENV_REQUIRE
 pytestmark = pytest.mark.redis
 PREFIX = "faults:"
 DEADLINE = 20.0
+WEEK = 7 * 86400
 
 
 @pytest.fixture
@@ -126,3 +128,142 @@ def test_the_async_store_survives_the_servers_idle_timeout(
     assert asyncio.run(main()) == [True] * 2 + [False] * 4
     assert int(server.command("GET", _counter("timeout"))) == 6
     assert not _down_lines(caplog)
+
+
+# -- statement errors: a key of another type, a permission missing ------------------------
+
+
+def _decide(face: str, url: str, calls: list[tuple[str, int]], **options: Any) -> list[bool]:
+    """Open a limiter on `face` ("sync" or "async") and make `calls` ((key, limit) for
+    an hour's window) in order; the allowed flag of each, and the store up after them."""
+    if face == "sync":
+        with quota.connect(url, clock=Clock(), **options) as limiter:
+            allowed = [limiter.rate_limit(key, limit, 3600).allowed for key, limit in calls]
+            assert limiter.store.up
+            return allowed
+
+    async def main() -> list[bool]:
+        limiter = quota.connect_async(url, clock=Clock(), **options)
+        try:
+            allowed = [(await limiter.rate_limit(k, n, 3600)).allowed for k, n in calls]
+            assert limiter.store.up
+            return allowed
+        finally:
+            await limiter.aclose()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_key_of_another_type_is_a_statement_error_and_the_store_stays_up(
+    server: RedisServer, face: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A counter key holding a set (another tool writing under the prefix): that call
+    is decided from memory and logged at ERROR; every other key stays decided by Redis."""
+    caplog.set_level(logging.WARNING, logger="quota")
+    server.command("SADD", _counter("poisoned"), "not-a-counter")
+    fallback = Fallback(timeout=2.0, probe_interval=0.2)
+    calls = [("full", 5)] * 5 + [("poisoned", 5)] + [("full", 5)] * 10 + [("fresh", 5)] * 3
+    allowed = _decide(face, server.url(prefix=PREFIX), calls, fallback=fallback)
+    assert allowed == [True] * 5 + [True] + [False] * 10 + [True] * 3
+    assert int(server.command("GET", _counter("full"))) == 15
+    assert int(server.command("GET", _counter("fresh"))) == 3
+    assert server.command("TYPE", _counter("poisoned")) == b"set"
+    assert not _down_lines(caplog)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("WRONGTYPE" in line for line in errors), errors
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_without_a_fallback_a_key_of_another_type_raises_a_statement_error(
+    server: RedisServer, face: str
+) -> None:
+    server.command("SADD", _counter("poisoned"), "not-a-counter")
+    with pytest.raises(quota.StorageError, match="WRONGTYPE") as raised:
+        _decide(face, server.url(prefix=PREFIX), [("poisoned", 5)])
+    assert raised.value.outage is False
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_missing_acl_permission_is_an_error_naming_the_command_and_the_user(
+    server: RedisServer, face: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.command(
+        "ACL", "SETUSER", "limited", "on", ">s3cret", "~*", "&*", "+@all", "-evalsha", "-eval"
+    )
+    url = server.url(prefix=PREFIX, user="limited", password="s3cret")
+    with pytest.raises(quota.StorageError) as raised:
+        _decide(face, url, [("denied", 5)])
+    assert raised.value.outage is False
+    message = str(raised.value)
+    assert "'limited'" in message and "EVALSHA" in message, message
+    assert "s3cret" not in message
+
+    caplog.set_level(logging.WARNING, logger="quota")
+    fallback = Fallback(timeout=2.0, probe_interval=0.2)
+    assert _decide(face, url, [("denied", 1)] * 2, fallback=fallback) == [True, False]
+    assert not _down_lines(caplog)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("'limited'" in line and "EVALSHA" in line for line in errors), errors
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_write_back_rejected_as_a_statement_error_is_dropped_and_the_store_comes_back(
+    server: RedisServer, face: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hits counted in memory during an outage for a key that holds another type in
+    Redis: their write-back fails every time, so it is dropped (logged at ERROR) and the
+    other keys' hits are written back; the store does not stay down for the window."""
+    caplog.set_level(logging.WARNING, logger="quota")
+    # The hits are written back only while their window runs: a week's window, at the
+    # time of day (its start is epoch-aligned).
+    now = time.time()
+    server.command("SADD", _counter("poisoned", WEEK, now), "not-a-counter")
+    fallback = Fallback(timeout=2.0, probe_interval=0.1)
+    server.command("ACL", "SETUSER", "app", "on", ">s3cret", "~*", "&*", "+@all")
+    url = server.url(prefix=PREFIX, user="app", password="s3cret")
+    owed = [("poisoned", 10)] * 2 + [("good", 10)] * 3
+
+    def outage() -> None:  # the app's connections dropped, new ones refused
+        server.command("ACL", "SETUSER", "app", "off")
+        server.command("CLIENT", "KILL", "USER", "app")
+
+    def sync() -> None:
+        with quota.connect(url, clock=Clock(now), fallback=fallback) as limiter:
+            limiter.peek("warm-up", 10, WEEK)
+            outage()
+            limiter.rate_limit("trigger", 10, WEEK)
+            assert not limiter.store.up
+            assert [limiter.rate_limit(k, n, WEEK).allowed for k, n in owed] == [True] * 5
+            server.command("ACL", "SETUSER", "app", "on")
+            _wait(lambda: limiter.store.up, "the store back")
+            assert not limiter.store.health.owes()
+
+    async def main() -> None:
+        limiter = quota.connect_async(url, clock=Clock(now), fallback=fallback)
+        try:
+            await limiter.peek("warm-up", 10, WEEK)
+            outage()
+            for _ in range(50):  # the loop reads the server's end of the stream
+                await asyncio.sleep(0.01)
+            await limiter.rate_limit("trigger", 10, WEEK)
+            assert not limiter.store.up
+            for key, limit in owed:
+                assert (await limiter.rate_limit(key, limit, WEEK)).allowed
+            server.command("ACL", "SETUSER", "app", "on")
+            deadline = time.monotonic() + DEADLINE
+            while not limiter.store.up:
+                assert time.monotonic() < deadline, f"the store back: not within {DEADLINE:g}s"
+                await asyncio.sleep(0.02)
+            assert not limiter.store.health.owes()
+        finally:
+            await limiter.aclose()
+
+    if face == "sync":
+        sync()
+    else:
+        asyncio.run(main())
+    assert int(server.command("GET", _counter("good", WEEK, now))) == 3
+    assert server.command("TYPE", _counter("poisoned", WEEK, now)) == b"set"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("dropped" in line and "k:poisoned" in line for line in errors), errors

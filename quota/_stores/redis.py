@@ -38,11 +38,12 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from quota._core.errors import ConfigurationError, StorageError
 from quota._sql import statements as _sql
@@ -420,6 +421,54 @@ def _checked_url(url: str) -> tuple[str, str]:
     return target, prefix
 
 
+#: Error replies that say the server (not the statement) cannot answer now: a script
+#: running too long, a dataset loading, a failover or a resharding under way.
+_TRANSIENT_REPLIES = frozenset(
+    ("BUSY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "READONLY",
+     "NOREPLICAS")
+)  # fmt: skip
+
+
+def is_statement_error(exc: BaseException) -> bool:
+    """True for a redis-py error about the command itself, which every call alike would
+    meet: an error reply (a key of another type, a permission missing, ``OOM``, a script
+    error) or a value redis-py refused to send. False for an outage: no connection, a
+    timeout, a garbled reply, or a reply saying the server cannot answer now
+    (`_TRANSIENT_REPLIES`, redirections a cluster client did not follow)."""
+    from redis import exceptions
+
+    if isinstance(exc, exceptions.DataError):
+        return True
+    if not isinstance(exc, exceptions.ResponseError) or isinstance(
+        exc, (exceptions.ReadOnlyError, exceptions.AskError, exceptions.TryAgainError,
+              exceptions.ClusterError)
+    ):  # fmt: skip
+        return False
+    return str(exc).split(" ", 1)[0] not in _TRANSIENT_REPLIES
+
+
+def failed(url: str, exc: Exception) -> StorageError:
+    """The `StorageError` of redis-py's `exc` from the store at `url`: an outage, or a
+    statement error (``outage=False``, `is_statement_error`); a missing ACL permission
+    names the user and what to grant."""
+    from redis.exceptions import NoPermissionError
+
+    detail = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM"):
+        user = unquote(urlsplit(url).username or "") or "default"
+        command = re.search(r"'([^']+)' command", str(exc))
+        what = f"the {command[1].upper()} command" if command else "a command or key it needs"
+        grant = f" (ACL SETUSER {user} +{command[1].lower()})" if command else ""
+        return StorageError(
+            f"Redis user {user!r} on {redact(url)} has no permission to run {what}, which"
+            f" quota needs: grant it{grant} ({detail})",
+            outage=False,
+        )
+    return StorageError(
+        f"Redis error on {redact(url)}: {detail}", outage=not is_statement_error(exc)
+    )
+
+
 #: `fresh_before_send` of each redis.asyncio connection class, made once.
 _FRESH: dict[type, type] = {}
 
@@ -479,7 +528,7 @@ class _RedisStore:
                 pool.connection_class = fresh_before_send(pool.connection_class)
 
     def _failed(self, exc: Exception) -> StorageError:
-        return StorageError(f"Redis error on {redact(self.url)}: {type(exc).__name__}: {exc}")
+        return failed(self.url, exc)
 
     @staticmethod
     def _one_by_one(transaction: bool) -> None:
