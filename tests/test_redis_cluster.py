@@ -455,6 +455,19 @@ def test_the_async_store_replaces_connections_every_node_killed_while_idle(
     assert not [r for r in caplog.records if "is down" in r.getMessage()]
 
 
+@pytest.mark.redis
+def test_doctor_checks_the_eviction_policy_of_every_master(
+    cluster: RedisCluster, cluster_url: str
+) -> None:
+    findings = quota.diagnose(cluster_url, timeout=5)
+    (connectivity,) = [f for f in findings if f.check == "connectivity"]
+    assert connectivity.severity == "ok" and "3 masters" in connectivity.message
+    eviction = [f for f in findings if f.check == "eviction"]
+    assert len(eviction) == 3
+    assert {f.severity for f in eviction} == {"ok"}
+    assert all("noeviction" in f.message for f in eviction)
+
+
 # -- a master killed ------------------------------------------------------------------------
 
 

@@ -267,3 +267,48 @@ def test_a_write_back_rejected_as_a_statement_error_is_dropped_and_the_store_com
     assert server.command("TYPE", _counter("poisoned", WEEK, now)) == b"set"
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("dropped" in line and "k:poisoned" in line for line in errors), errors
+
+
+# -- doctor: eviction ---------------------------------------------------------------------
+
+
+def _findings(url: str, check: str) -> list[quota.Finding]:
+    return [f for f in quota.diagnose(url, timeout=5) if f.check == check]
+
+
+@pytest.mark.parametrize("server_settings", [("--maxmemory-policy", "allkeys-lru")])
+def test_doctor_warns_of_an_eviction_policy_that_drops_counters(server: RedisServer) -> None:
+    from click.testing import CliRunner
+    from quota._cli import main
+
+    url = server.url(prefix=PREFIX)
+    (connectivity,) = _findings(url, "connectivity")
+    assert connectivity.severity == "ok" and "Redis 7" in connectivity.message
+    (eviction,) = _findings(url, "eviction")
+    assert eviction.severity == "warn"
+    assert "allkeys-lru" in eviction.message and "noeviction" in eviction.fix
+    result = CliRunner().invoke(main, ["doctor", "--url", url, "--strict"], env={})
+    assert result.exit_code != 0 and "allkeys-lru" in result.output, result.output
+
+    server.command("CONFIG", "SET", "maxmemory-policy", "volatile-ttl")
+    (eviction,) = _findings(url, "eviction")
+    assert eviction.severity == "warn" and "volatile-ttl" in eviction.message
+    assert "TTL" in eviction.message
+
+
+def test_doctor_finds_noeviction_safe_and_says_when_config_get_is_refused(
+    server: RedisServer,
+) -> None:
+    (eviction,) = _findings(server.url(), "eviction")
+    assert eviction.severity == "ok" and "noeviction" in eviction.message
+
+    server.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lfu")
+    server.command("ACL", "SETUSER", "app", "on", ">s3cret", "~*", "&*", "+@all", "-config")
+    (eviction,) = _findings(server.url(user="app", password="s3cret"), "eviction")
+    assert eviction.severity == "warn" and "allkeys-lfu" in eviction.message
+    assert "CONFIG GET" in eviction.message and "INFO" in eviction.message
+
+    server.command("ACL", "SETUSER", "app", "-info")
+    (eviction,) = _findings(server.url(user="app", password="s3cret"), "eviction")
+    assert eviction.severity == "warn" and "could not read" in eviction.message
+    assert "noeviction" in eviction.fix
