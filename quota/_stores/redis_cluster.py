@@ -356,10 +356,14 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
 
         startup = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in target.nodes]
         with _bad_url(url):
-            # No retries (see RedisClusterStore); redirections are followed.
+            # No retries (see RedisClusterStore); redirections are followed. Each MOVED
+            # patches the slot map (``reinitialize_steps=0``): by default every fifth one
+            # closes every connection of the client, the ones other tasks are sending and
+            # reading on too, and under a resharding their calls failed, not to be retried.
             self.client = redis.asyncio.cluster.RedisCluster(
-                startup_nodes=startup, retry=Retry(NoBackoff(), 0), **_settings(target, timeout)
-            )
+                startup_nodes=startup, retry=Retry(NoBackoff(), 0), reinitialize_steps=0,
+                **_settings(target, timeout),
+            )  # fmt: skip
         manager = self.client.nodes_manager
         _track_dropped_nodes(manager)
         # Every node's connections (those it discovers later too) replace a socket the
