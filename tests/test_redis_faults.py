@@ -312,3 +312,40 @@ def test_doctor_finds_noeviction_safe_and_says_when_config_get_is_refused(
     (eviction,) = _findings(server.url(user="app", password="s3cret"), "eviction")
     assert eviction.severity == "warn" and "could not read" in eviction.message
     assert "noeviction" in eviction.fix
+
+
+def test_with_group_commit_a_key_of_another_type_fails_only_its_own_call(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``batching=True``: the poisoned key's script fails inside a pipeline of other
+    callers' scripts; only its caller is decided from memory, the others get Redis's
+    answer (a key at its limit stays denied)."""
+    caplog.set_level(logging.WARNING, logger="quota")
+    server.command("SADD", _counter("poisoned"), "not-a-counter")
+    fallback = Fallback(timeout=2.0, probe_interval=0.2)
+
+    async def main() -> list[list[bool]]:
+        limiter = quota.connect_async(
+            server.url(prefix=PREFIX), clock=Clock(), fallback=fallback, batching=True
+        )
+        try:
+            for _ in range(5):
+                assert (await limiter.rate_limit("full", 5, 3600)).allowed
+            rounds = []
+            for _ in range(3):
+                keys = ["full", "poisoned", *["full"] * 9, *["fresh"] * 3]
+                decisions = await asyncio.gather(
+                    *(limiter.rate_limit(key, 5, 3600) for key in keys)
+                )
+                rounds.append([d.allowed for d in decisions])
+            assert limiter.store.up
+            return rounds
+        finally:
+            await limiter.aclose()
+
+    rounds = asyncio.run(main())
+    full = [allowed for decisions in rounds for allowed in decisions[:1] + decisions[2:11]]
+    assert full == [False] * 30
+    assert int(server.command("GET", _counter("full"))) == 5 + 30
+    assert int(server.command("GET", _counter("fresh"))) == 9
+    assert not _down_lines(caplog)

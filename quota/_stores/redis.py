@@ -190,27 +190,42 @@ class RedisPlan:
         return self.hit_rows((yield from self._eval("fixed_window", args[2:4], args[4:])))
 
     def _hit_batch(self, hits: Sequence[Sequence[Any]]) -> Plan:
-        """Group commit (`quota._wrappers.batching`): each hit's own script, in one pipeline."""
-        replies = yield from self._pipeline("fixed_window", [self.hit_args(hit) for hit in hits])
+        """Group commit (`quota._wrappers.batching`): each hit's own script, in one pipeline.
+
+        One row per hit: its count, or the redis-py error of a hit whose script failed with
+        a statement error (`is_statement_error`: a key of another type…), which fails that
+        hit's caller only (the store wraps it in `StorageError`)."""
+        calls = [self.hit_args(hit) for hit in hits]
+        replies = yield from self._pipeline("fixed_window", calls, keep=is_statement_error)
         return [(reply,) for reply in replies]
 
-    def _pipeline(self, script: str, calls: Sequence[tuple[Any, ...]]) -> Exchange:
+    def _pipeline(
+        self,
+        script: str,
+        calls: Sequence[tuple[Any, ...]],
+        keep: Callable[[BaseException], bool] | None = None,
+    ) -> Exchange:
         """The ``EVALSHA`` of each of `calls` (its arguments, `script`'s digest first), in one
         round trip; returns the replies in order.
 
-        A script's error is raised (the first); if the server lost `script`, it is loaded
-        and only the calls it refused are sent again: none of those ran.
+        A script's error is raised (the first), unless `keep` says to leave it as that
+        call's reply; if the server lost `script`, it is loaded and only the calls it
+        refused are sent again: none of those ran.
         """
+
+        def failed(reply: Any) -> bool:
+            return isinstance(reply, Exception) and not (keep is not None and keep(reply))
+
         replies = list((yield ("PIPELINE", tuple(("EVALSHA", args) for args in calls))))
         lost = [i for i, reply in enumerate(replies) if isinstance(reply, self._no_script)]
         for reply in replies:
-            if isinstance(reply, Exception) and not isinstance(reply, self._no_script):
+            if failed(reply) and not isinstance(reply, self._no_script):
                 raise reply
         if lost:
             sha = yield ("SCRIPT", ("LOAD", SCRIPTS[script]))
             again = yield ("PIPELINE", tuple(("EVALSHA", (sha, *calls[i][1:])) for i in lost))
             for i, reply in zip(lost, again, strict=True):
-                if isinstance(reply, Exception):
+                if failed(reply):
                     raise reply
                 replies[i] = reply
         return replies
@@ -530,6 +545,10 @@ class _RedisStore:
     def _failed(self, exc: Exception) -> StorageError:
         return failed(self.url, exc)
 
+    def _batch_rows(self, rows: Rows) -> Rows:
+        """The rows of a group commit, a hit's redis-py error made its `StorageError`."""
+        return [(self._failed(row[0]),) if isinstance(row[0], Exception) else row for row in rows]
+
     @staticmethod
     def _one_by_one(transaction: bool) -> None:
         if transaction:
@@ -618,9 +637,10 @@ class RedisStore(_RedisStore):
                 raise self._failed(exc) from exc
         plan = planner.plan(statement, params)
         try:
-            return drive(plan, self._send)
+            rows = drive(plan, self._send)
         except self._errors as exc:
             raise self._failed(exc) from exc
+        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
 
     execute_strict = execute
 
@@ -666,9 +686,10 @@ class AsyncRedisStore(_RedisStore):
                 raise self._failed(exc) from exc
         plan = planner.plan(statement, params)
         try:
-            return await adrive(plan, self._send)
+            rows = await adrive(plan, self._send)
         except self._errors as exc:
             raise self._failed(exc) from exc
+        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
 
     execute_strict = execute
 
