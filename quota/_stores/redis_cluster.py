@@ -368,7 +368,8 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
         _track_dropped_nodes(manager)
         # Every node's connections (those it discovers later too) replace a socket the
         # server closed before writing a command on it (see `fresh_before_send`).
-        fresh = fresh_before_send(manager.connection_kwargs["connection_class"])
+        plain = manager.connection_kwargs.get("connection_class")
+        fresh = fresh_before_send(plain or redis.asyncio.connection.Connection)
         manager.connection_kwargs["connection_class"] = fresh
         for node in manager.startup_nodes.values():
             node.connection_class = fresh
