@@ -417,3 +417,74 @@ def running_cluster(**options: Any) -> Iterator[RedisCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@dataclass(eq=False)
+class RedisServer:
+    """One private ``redis-server`` on 127.0.0.1 (no cluster, no persistence); `stop` it."""
+
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes]
+
+    def url(self, *, prefix: str | None = None, user: str = "", password: str = "") -> str:
+        """``redis://[user:password@]127.0.0.1:PORT/0``, with ``?prefix=`` if given."""
+        login = f"{user}:{password}@" if user or password else ""
+        return f"redis://{login}{HOST}:{self.port}/0" + (f"?prefix={prefix}" if prefix else "")
+
+    def client(self, **options: Any) -> Any:
+        """A plain redis-py client of the server (close it)."""
+        import redis
+
+        options.setdefault("socket_timeout", 5)
+        options.setdefault("socket_connect_timeout", 5)
+        return redis.Redis(host=HOST, port=self.port, **options)
+
+    def command(self, *args: Any) -> Any:
+        with self.client() as client:
+            return client.execute_command(*args)
+
+    def stop(self) -> None:
+        """Terminates the server (killed if it lingers) and removes its directory."""
+        try:
+            _end(self.process)
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_server(*settings: str, timeout: float = START_TIMEOUT) -> Iterator[RedisServer]:
+    """A private `RedisServer` started with extra `settings` (``"--maxmemory-policy",
+    "allkeys-lru"``…) around a ``with`` block; stopped however it ends. Raises
+    `ClusterError` when redis-server is missing or does not answer within `timeout`."""
+    binaries = find_binaries()
+    if binaries is None:
+        raise ClusterError("redis-server and redis-cli are not installed")
+    port = free_ports(1)[0]
+    directory = Path(tempfile.mkdtemp(prefix="quota-redis-"))
+    arguments = ["--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
+                 "--dir", str(directory), "--daemonize", "no", *settings]  # fmt: skip
+    log = open(directory / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        process = subprocess.Popen(
+            [binaries[0], *arguments], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            cwd=directory, start_new_session=True, preexec_fn=_SET_PARENT_DEATH_SIGNAL,
+        )  # fmt: skip
+    finally:
+        log.close()
+    server = RedisServer(port, directory, process)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                tail = (directory / "stdout.log").read_text(errors="replace")[-2000:]
+                raise ClusterError(f"redis-server on {HOST}:{port} exited:\n{tail}")
+            with contextlib.suppress(Exception):
+                if server.command("PING"):
+                    break
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"redis-server on {HOST}:{port} did not answer in time")
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.stop()

@@ -232,6 +232,37 @@ def test_logged_counters_and_a_full_fillfactor(pg_make_database: object) -> None
     assert "WARN   fillfactor" in result.output
 
 
+@pytest.mark.postgres
+def test_a_read_only_role_is_an_error(pg_url: str) -> None:
+    """A role whose sessions are read-only (``default_transaction_read_only``): every
+    decision would fail to write, so doctor reports an error and exits 3."""
+    import uuid
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    role = f"quota_ro_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 5")
+        try:
+            conn.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
+            conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+            parts = urlsplit(pg_url)
+            url = parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}").geturl()
+
+            findings = quota.diagnose(url)
+            assert _one(findings, "connectivity").severity == OK
+            read_only = _one(findings, "read_only")
+            assert read_only.severity == ERROR
+            assert "read-only" in read_only.message and role in read_only.message
+            assert "default_transaction_read_only" in read_only.fix
+            _assert_fixes_are_given(findings)
+            assert _doctor_cli("--url", url, "doctor").exit_code == 3
+        finally:
+            conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
 # -- unreachable and malformed -----------------------------------------------------------
 
 

@@ -457,7 +457,7 @@ def test_an_idle_connection_the_server_closed_is_replaced_before_the_next_call(
         assert limiter.peek("idle", 100, 60).count == 5
 
 
-def test_a_script_that_fails_in_a_pipeline_fails_every_caller_and_the_others_counted(
+def test_a_script_that_fails_in_a_pipeline_fails_only_its_own_caller(
     redis_url: str, redis_client: Any
 ) -> None:
     clock = Clock()
@@ -490,9 +490,12 @@ def test_a_script_that_fails_in_a_pipeline_fails_every_caller_and_the_others_cou
 
     assert spy.batch_statements == 1
     assert isinstance(outcomes[0], quota.Decision)  # the lone call, before the batch
-    assert all(isinstance(outcome, quota.StorageError) for outcome in outcomes[1:]), outcomes
-    assert "WRONGTYPE" in str(outcomes[3])
-    # A pipeline is not atomic: the other scripts of the batch ran, each on its own.
+    # A statement error of one script is its caller's alone: the other scripts of the
+    # batch ran, each on its own, and their callers get their decisions.
+    assert isinstance(outcomes[3], quota.StorageError), outcomes
+    assert "WRONGTYPE" in str(outcomes[3]) and outcomes[3].outage is False
+    others = [outcomes[i] for i in (1, 2, 4, 5)]
+    assert all(isinstance(o, quota.Decision) and o.count == 1 for o in others), outcomes
     assert counts == [1, 1, 1, 1]
 
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import subprocess
 import threading
 import time
 import uuid
@@ -420,6 +421,134 @@ def test_a_resharded_slot_is_followed_without_marking_the_store_down(
         assert limiter.peek(key, 60, 3600).count == 3 * 30
     assert cluster.master_of_key(f"{prefix}{{k:{key}}}:idx") == masters[1]
     assert not [r for r in caplog.records if "is down" in r.getMessage()]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("with_fallback", [False, True])
+def test_the_async_store_replaces_connections_every_node_killed_while_idle(
+    cluster: RedisCluster, cluster_url: str, prefix: str, with_fallback: bool, caplog: Any
+) -> None:
+    """``CLIENT KILL TYPE normal`` on every node between calls: each call is answered
+    by the cluster, each hit counted once."""
+    caplog.set_level(logging.WARNING, logger="quota")
+    fallback = Fallback(timeout=2.0, probe_interval=0.2) if with_fallback else None
+    keys = [f"idle-{i}" for i in range(6)]
+
+    async def main() -> list[bool]:
+        limiter = quota.connect_async(cluster_url, clock=lambda: T0, fallback=fallback)
+        allowed = []
+        try:
+            for _ in range(4):
+                for key in keys:
+                    allowed.append((await limiter.rate_limit(key, 2, 3600)).allowed)
+                for port in cluster.ports:
+                    cluster.command(port, "CLIENT", "KILL", "TYPE", "normal")
+                for _ in range(50):  # the loop reads the servers' end of the streams
+                    await asyncio.sleep(0.01)
+            assert limiter.store.up
+            counts = {(await limiter.peek(key, 2, 3600)).count for key in keys}
+            assert counts == {4}
+        finally:
+            await limiter.aclose()
+        return allowed
+
+    assert asyncio.run(main()) == [True] * 12 + [False] * 12
+    assert not [r for r in caplog.records if "is down" in r.getMessage()]
+
+
+@pytest.mark.redis
+def test_doctor_checks_the_eviction_policy_of_every_master(
+    cluster: RedisCluster, cluster_url: str
+) -> None:
+    findings = quota.diagnose(cluster_url, timeout=5)
+    (connectivity,) = [f for f in findings if f.check == "connectivity"]
+    assert connectivity.severity == "ok" and "3 masters" in connectivity.message
+    eviction = [f for f in findings if f.check == "eviction"]
+    assert len(eviction) == 3
+    assert {f.severity for f in eviction} == {"ok"}
+    assert all("noeviction" in f.message for f in eviction)
+
+
+def _reshard(cluster: RedisCluster, source: int, target: int, slots: int) -> None:
+    """``redis-cli --cluster reshard``: move `slots` slots (and their keys) from the master
+    on port `source` to the one on `target`, as an operator would."""
+    moved = subprocess.run(
+        [cluster.cli, "--cluster", "reshard", f"127.0.0.1:{source}",
+         "--cluster-from", cluster.node_id(source), "--cluster-to", cluster.node_id(target),
+         "--cluster-slots", str(slots), "--cluster-yes"],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert moved.returncode == 0, moved.stdout.decode()[-2000:] + moved.stderr.decode()[-2000:]
+
+
+@pytest.mark.redis
+def test_resharding_under_async_load_is_invisible(redis_cluster: RedisCluster, caplog: Any) -> None:
+    """``redis-cli --cluster reshard`` moving 1,000 slots there and back while tasks hit
+    keys spread over every master, one by one, with group commit and with a fallback: no
+    call raises, none is decided from memory, and every hit is counted once."""
+    caplog.set_level(logging.WARNING, logger="quota")
+    with running_cluster() as cluster:  # its slot map is the test's to change
+        masters = sorted(cluster.masters())
+        modes = {
+            "one-by-one": {},
+            "batching": {"batching": True},
+            "fallback": {"fallback": Fallback(timeout=5.0, probe_interval=0.2)},
+            "fallback-batching": {
+                "fallback": Fallback(timeout=5.0, probe_interval=0.2), "batching": True
+            },
+        }  # fmt: skip
+        keys = [f"reshard-{i}" for i in range(200)]
+        limit = 10**6
+
+        async def main() -> dict[str, tuple[int, int, int, list[str], bool]]:
+            resharded = asyncio.Event()
+            limiters = {
+                mode: quota.connect_async(cluster.url(prefix=f"{mode}:"), **options)
+                for mode, options in modes.items()
+            }
+            tallies = {mode: [0, 0, []] for mode in modes}  # calls, allowed, errors
+
+            async def work(mode: str, start: int) -> None:
+                limiter, tally = limiters[mode], tallies[mode]
+                i = start
+                while not resharded.is_set() and tally[0] < 200_000:
+                    i += 7
+                    try:
+                        decision = await limiter.rate_limit(keys[i % len(keys)], limit, 3600)
+                    except Exception as exc:  # reported below
+                        tally[2].append(f"{type(exc).__name__}: {exc}")
+                        continue
+                    tally[0] += 1
+                    tally[1] += decision.allowed
+
+            async def reshard() -> None:
+                try:
+                    await asyncio.sleep(0.5)  # the load under way
+                    await asyncio.to_thread(_reshard, cluster, masters[0], masters[1], 1000)
+                    await asyncio.to_thread(_reshard, cluster, masters[1], masters[0], 1000)
+                finally:
+                    resharded.set()
+
+            try:
+                await asyncio.gather(
+                    reshard(), *(work(mode, w) for mode in modes for w in range(8))
+                )
+                results = {}
+                for mode, limiter in limiters.items():
+                    stored = sum([(await limiter.peek(key, limit, 3600)).count for key in keys])
+                    calls, allowed, errors = tallies[mode]
+                    results[mode] = (calls, allowed, stored, errors, limiter.store.up)
+                return results
+            finally:
+                for limiter in limiters.values():
+                    await limiter.aclose()
+
+        results = asyncio.run(main())
+    for mode, (calls, allowed, stored, errors, up) in results.items():
+        assert errors == [], (mode, len(errors), errors[:5])
+        assert calls > 0 and allowed == calls and stored == calls, (mode, calls, allowed, stored)
+        assert up, mode
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 # -- a master killed ------------------------------------------------------------------------

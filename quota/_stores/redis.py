@@ -38,11 +38,12 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from quota._core.errors import ConfigurationError, StorageError
 from quota._sql import statements as _sql
@@ -189,27 +190,42 @@ class RedisPlan:
         return self.hit_rows((yield from self._eval("fixed_window", args[2:4], args[4:])))
 
     def _hit_batch(self, hits: Sequence[Sequence[Any]]) -> Plan:
-        """Group commit (`quota._wrappers.batching`): each hit's own script, in one pipeline."""
-        replies = yield from self._pipeline("fixed_window", [self.hit_args(hit) for hit in hits])
+        """Group commit (`quota._wrappers.batching`): each hit's own script, in one pipeline.
+
+        One row per hit: its count, or the redis-py error of a hit whose script failed with
+        a statement error (`is_statement_error`: a key of another type…), which fails that
+        hit's caller only (the store wraps it in `StorageError`)."""
+        calls = [self.hit_args(hit) for hit in hits]
+        replies = yield from self._pipeline("fixed_window", calls, keep=is_statement_error)
         return [(reply,) for reply in replies]
 
-    def _pipeline(self, script: str, calls: Sequence[tuple[Any, ...]]) -> Exchange:
+    def _pipeline(
+        self,
+        script: str,
+        calls: Sequence[tuple[Any, ...]],
+        keep: Callable[[BaseException], bool] | None = None,
+    ) -> Exchange:
         """The ``EVALSHA`` of each of `calls` (its arguments, `script`'s digest first), in one
         round trip; returns the replies in order.
 
-        A script's error is raised (the first); if the server lost `script`, it is loaded
-        and only the calls it refused are sent again: none of those ran.
+        A script's error is raised (the first), unless `keep` says to leave it as that
+        call's reply; if the server lost `script`, it is loaded and only the calls it
+        refused are sent again: none of those ran.
         """
+
+        def failed(reply: Any) -> bool:
+            return isinstance(reply, Exception) and not (keep is not None and keep(reply))
+
         replies = list((yield ("PIPELINE", tuple(("EVALSHA", args) for args in calls))))
         lost = [i for i, reply in enumerate(replies) if isinstance(reply, self._no_script)]
         for reply in replies:
-            if isinstance(reply, Exception) and not isinstance(reply, self._no_script):
+            if failed(reply) and not isinstance(reply, self._no_script):
                 raise reply
         if lost:
             sha = yield ("SCRIPT", ("LOAD", SCRIPTS[script]))
             again = yield ("PIPELINE", tuple(("EVALSHA", (sha, *calls[i][1:])) for i in lost))
             for i, reply in zip(lost, again, strict=True):
-                if isinstance(reply, Exception):
+                if failed(reply):
                     raise reply
                 replies[i] = reply
         return replies
@@ -420,6 +436,85 @@ def _checked_url(url: str) -> tuple[str, str]:
     return target, prefix
 
 
+#: Error replies that say the server (not the statement) cannot answer now: a script
+#: running too long, a dataset loading, a failover or a resharding under way.
+_TRANSIENT_REPLIES = frozenset(
+    ("BUSY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "READONLY",
+     "NOREPLICAS")
+)  # fmt: skip
+
+
+def is_statement_error(exc: BaseException) -> bool:
+    """True for a redis-py error about the command itself, which every call alike would
+    meet: an error reply (a key of another type, a permission missing, ``OOM``, a script
+    error) or a value redis-py refused to send. False for an outage: no connection, a
+    timeout, a garbled reply, or a reply saying the server cannot answer now
+    (`_TRANSIENT_REPLIES`, redirections a cluster client did not follow)."""
+    from redis import exceptions
+
+    if isinstance(exc, exceptions.DataError):
+        return True
+    if not isinstance(exc, exceptions.ResponseError) or isinstance(
+        exc, (exceptions.ReadOnlyError, exceptions.AskError, exceptions.TryAgainError,
+              exceptions.ClusterError)
+    ):  # fmt: skip
+        return False
+    return str(exc).split(" ", 1)[0] not in _TRANSIENT_REPLIES
+
+
+def failed(url: str, exc: Exception) -> StorageError:
+    """The `StorageError` of redis-py's `exc` from the store at `url`: an outage, or a
+    statement error (``outage=False``, `is_statement_error`); a missing ACL permission
+    names the user and what to grant."""
+    from redis.exceptions import NoPermissionError
+
+    detail = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM"):
+        user = unquote(urlsplit(url).username or "") or "default"
+        command = re.search(r"'([^']+)' command", str(exc))
+        what = f"the {command[1].upper()} command" if command else "a command or key it needs"
+        grant = f" (ACL SETUSER {user} +{command[1].lower()})" if command else ""
+        return StorageError(
+            f"Redis user {user!r} on {redact(url)} has no permission to run {what}, which"
+            f" quota needs: grant it{grant} ({detail})",
+            outage=False,
+        )
+    return StorageError(
+        f"Redis error on {redact(url)}: {detail}", outage=not is_statement_error(exc)
+    )
+
+
+#: `fresh_before_send` of each redis.asyncio connection class, made once.
+_FRESH: dict[type, type] = {}
+
+
+def fresh_before_send(base: Any) -> type:
+    """A subclass of redis.asyncio's connection class `base` that, before it writes a
+    command, replaces its socket if the server closed it while it sat idle.
+
+    A server closes idle connections (its ``timeout``, a proxy's or a managed service's
+    idle limit, ``CLIENT KILL``); a command written on one is lost with a
+    ``ConnectionError``, and since redis-py cannot tell whether it ran, it is not sent
+    again. redis.asyncio's pool checks for this only while maintenance notifications are
+    off, and its cluster client not at all. Once the socket has read the server's end of
+    the stream, nothing written on it can have run: a new connection before the command
+    goes out loses nothing and never counts a hit twice.
+    """
+    fresh = _FRESH.get(base)
+    if fresh is None:
+
+        async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+            reader = getattr(self, "_reader", None)
+            if reader is not None and (reader.at_eof() or reader.exception() is not None):
+                await self.disconnect()
+            await base.send_packed_command(self, command, check_health)
+
+        fresh = type(base.__name__, (base,), {"send_packed_command": send_packed_command})
+        fresh.__module__ = base.__module__
+        _FRESH[base] = fresh
+    return fresh
+
+
 class _RedisStore:
     """What both faces share: the URL, the client, the planner and the error wrapping."""
 
@@ -444,9 +539,15 @@ class _RedisStore:
             # names a bad parameter at connect time instead.
             pool = self.client.connection_pool
             pool.connection_class(**pool.connection_kwargs)
+            if asynchronous:
+                pool.connection_class = fresh_before_send(pool.connection_class)
 
     def _failed(self, exc: Exception) -> StorageError:
-        return StorageError(f"Redis error on {redact(self.url)}: {type(exc).__name__}: {exc}")
+        return failed(self.url, exc)
+
+    def _batch_rows(self, rows: Rows) -> Rows:
+        """The rows of a group commit, a hit's redis-py error made its `StorageError`."""
+        return [(self._failed(row[0]),) if isinstance(row[0], Exception) else row for row in rows]
 
     @staticmethod
     def _one_by_one(transaction: bool) -> None:
@@ -536,9 +637,10 @@ class RedisStore(_RedisStore):
                 raise self._failed(exc) from exc
         plan = planner.plan(statement, params)
         try:
-            return drive(plan, self._send)
+            rows = drive(plan, self._send)
         except self._errors as exc:
             raise self._failed(exc) from exc
+        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
 
     execute_strict = execute
 
@@ -555,7 +657,11 @@ class RedisStore(_RedisStore):
 
 
 class AsyncRedisStore(_RedisStore):
-    """Async Redis store on redis.asyncio; safe to share between tasks of one loop."""
+    """Async Redis store on redis.asyncio; safe to share between tasks of one loop.
+
+    A connection the server closed while it sat idle is replaced before a command is
+    written on it (`fresh_before_send`), as the sync store does.
+    """
 
     def __init__(self, url: str, *, timeout: float = 10.0, db_clock: bool = False) -> None:
         super().__init__(url, timeout=timeout, db_clock=db_clock, asynchronous=True)
@@ -580,9 +686,10 @@ class AsyncRedisStore(_RedisStore):
                 raise self._failed(exc) from exc
         plan = planner.plan(statement, params)
         try:
-            return await adrive(plan, self._send)
+            rows = await adrive(plan, self._send)
         except self._errors as exc:
             raise self._failed(exc) from exc
+        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
 
     execute_strict = execute
 

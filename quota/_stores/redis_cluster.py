@@ -73,6 +73,7 @@ from quota._stores.redis import (
     RedisStore,
     _glob_escape,
     _import_redis,
+    fresh_before_send,
     split_url,
 )
 from quota._stores.redis import _bad_url as _redis_bad_url
@@ -355,11 +356,23 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
 
         startup = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in target.nodes]
         with _bad_url(url):
-            # No retries (see RedisClusterStore); redirections are followed.
+            # No retries (see RedisClusterStore); redirections are followed. Each MOVED
+            # patches the slot map (``reinitialize_steps=0``): by default every fifth one
+            # closes every connection of the client, the ones other tasks are sending and
+            # reading on too, and under a resharding their calls failed, not to be retried.
             self.client = redis.asyncio.cluster.RedisCluster(
-                startup_nodes=startup, retry=Retry(NoBackoff(), 0), **_settings(target, timeout)
-            )
-        _track_dropped_nodes(self.client.nodes_manager)
+                startup_nodes=startup, retry=Retry(NoBackoff(), 0), reinitialize_steps=0,
+                **_settings(target, timeout),
+            )  # fmt: skip
+        manager = self.client.nodes_manager
+        _track_dropped_nodes(manager)
+        # Every node's connections (those it discovers later too) replace a socket the
+        # server closed before writing a command on it (see `fresh_before_send`).
+        plain = manager.connection_kwargs.get("connection_class")
+        fresh = fresh_before_send(plain or redis.asyncio.connection.Connection)
+        manager.connection_kwargs["connection_class"] = fresh
+        for node in manager.startup_nodes.values():
+            node.connection_class = fresh
 
     async def _send(self, name: str, args: tuple[Any, ...]) -> Any:
         client = self.client

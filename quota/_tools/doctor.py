@@ -6,8 +6,10 @@ needs, drift of the live schema from what the migrations made (a dropped
 table, column, index or primary key, with the statement that restores it),
 SQLite's version and journal mode, the PostgreSQL settings of the hot
 tables (UNLOGGED or logged, fillfactor, the share of HOT updates; read from
-the partitions of a partitioned table), and the skew between this host's
-clock and the database's. Database failures become findings, never
+the partitions of a partitioned table), a PostgreSQL session that is
+read-only, the skew between this host's clock and the database's; on Redis
+(every master of a cluster), connectivity and the ``maxmemory-policy`` (any
+but ``noeviction`` can evict counters). Database failures become findings, never
 exceptions, so a broken setup still gets a full report. The assessments are pure functions of the numbers read, so each
 threshold is tested without a database.
 
@@ -75,8 +77,8 @@ class Finding:
 
     check: str
     """What was checked: ``url``, ``connectivity``, ``schema``, ``schema_drift``,
-    ``sqlite_version``, ``journal_mode``, ``standby``, ``persistence``, ``fillfactor``,
-    ``hot_updates`` or ``clock_skew``.
+    ``sqlite_version``, ``journal_mode``, ``standby``, ``read_only``, ``persistence``,
+    ``fillfactor``, ``hot_updates``, ``clock_skew`` or ``eviction`` (Redis).
 
     ``schema_drift`` compares the live tables with what the migrations make at the
     recorded revision: tables, columns (type, collation, NULL or NOT NULL), indexes
@@ -125,17 +127,9 @@ def diagnose(
         return _diagnose_sqlite(parsed, clock, timeout)
     if parsed.dialect == "postgresql":
         return _diagnose_postgres(parsed, clock, timeout)
-    if parsed.dialect == "memory":
-        return [Finding("url", OK, "a memory store keeps nothing outside this process to check")]
-    return [
-        Finding(
-            "url", WARN,
-            f"doctor checks SQLite and PostgreSQL databases; this {parsed.dialect} store was"
-            " not checked",
-            "check it with its own tools (for Redis: `redis-cli -u URL ping`; for a Redis"
-            " Cluster: `redis-cli -c -h HOST -p PORT cluster info`)",
-        )
-    ]  # fmt: skip
+    if parsed.dialect in ("redis", "redis-cluster"):
+        return _diagnose_redis(parsed, timeout)
+    return [Finding("url", OK, "a memory store keeps nothing outside this process to check")]
 
 
 def display_url(url: str) -> str:
@@ -159,6 +153,128 @@ def _checked(check: str, run: Callable[[], list[Finding]]) -> list[Finding]:
                 "see the error; the other findings may point at the cause",
             )
         ]  # fmt: skip
+
+
+# -- Redis ------------------------------------------------------------------------------
+
+#: The one ``maxmemory-policy`` that never evicts quota's keys: a full Redis refuses
+#: writes instead (each decision is then a statement error, logged and decided from memory).
+SAFE_EVICTION = "noeviction"
+
+
+def _diagnose_redis(parsed: StoreURL, timeout: float) -> list[Finding]:
+    """Connectivity and the eviction policy of the Redis server (of every master of a
+    cluster)."""
+    shown = display_url(parsed.url)
+    try:
+        import redis
+    except ImportError:
+        return [
+            Finding(
+                "connectivity", ERROR, "redis-py is not installed", "pip install 'quota[redis]'"
+            )
+        ]  # fmt: skip
+    cluster: Any = None
+    try:
+        options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+        if parsed.dialect == "redis":
+            from quota._stores.redis import _checked_url
+
+            target, _prefix = _checked_url(parsed.url)
+            nodes = [(shown, redis.Redis.from_url(target, **options))]
+        else:
+            from redis.cluster import ClusterNode, RedisCluster
+
+            from quota._stores.redis_cluster import parse_cluster_url
+
+            found = parse_cluster_url(parsed.url)
+            node: Any = ClusterNode  # redis-py leaves it unannotated
+            cluster = RedisCluster(
+                startup_nodes=[node(host, port) for host, port in found.nodes],
+                **{**options, **found.options},
+            )
+            nodes = [(n.name, cluster.get_redis_connection(n)) for n in cluster.get_primaries()]
+        for _, client in nodes:
+            client.ping()
+        versions = sorted({_redis_version(client) for _, client in nodes})
+    except Exception as exc:
+        if cluster is not None:
+            cluster.close()
+        return [
+            Finding(
+                "connectivity", ERROR, f"cannot connect to {shown}: {' '.join(str(exc).split())}",
+                "check host, port and credentials, and that the server is up"
+                " (`redis-cli -u URL ping`; a cluster: `redis-cli -c -h HOST -p PORT cluster info`)",
+            )
+        ]  # fmt: skip
+    try:
+        masters = f", {len(nodes)} masters" if cluster is not None else ""
+        findings = [
+            Finding("connectivity", OK, f"connected to Redis {', '.join(versions)}{masters}")
+        ]
+        for name, client in nodes:
+            findings.append(eviction_finding(name, *_eviction_policy(client)))
+        return findings
+    finally:
+        for _, client in nodes:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _redis_version(client: Any) -> str:
+    try:
+        return str(client.info("server")["redis_version"])
+    except Exception:  # INFO refused (an ACL): the version is only shown
+        return "(version not readable)"
+
+
+def _eviction_policy(client: Any) -> tuple[str | None, str]:
+    """(``maxmemory-policy``, how it was read or why it could not be): ``CONFIG GET`` where
+    the user may run it, else the ``maxmemory_policy`` of ``INFO memory``."""
+    try:
+        reply = client.config_get("maxmemory-policy")
+        return str(reply["maxmemory-policy"]), ""
+    except Exception as exc:
+        refused = f"CONFIG GET was refused ({exc})"
+    try:
+        policy = client.info("memory")["maxmemory_policy"]
+    except Exception as exc:
+        return None, f"{refused}, and INFO memory too ({exc})"
+    return str(policy), f"read from INFO memory: {refused}"
+
+
+def eviction_finding(node: str, policy: str | None, how: str = "") -> Finding:
+    """The finding of a Redis node's ``maxmemory-policy`` (None: it could not be read)."""
+    fix = (
+        "give quota a Redis of its own (not the app's cache) with maxmemory-policy noeviction"
+        " (`CONFIG SET maxmemory-policy noeviction`, or the provider's parameter group)"
+        " and enough memory for its keys; see Databases and URLs, Redis"
+    )
+    if policy is None:
+        return Finding(
+            "eviction", WARN, f"could not read the maxmemory-policy of {node}: {how}",
+            f"make sure it is noeviction: {fix}",
+        )  # fmt: skip
+    note = f" ({how})" if how else ""
+    if policy == SAFE_EVICTION:
+        return Finding(
+            "eviction", OK,
+            f"{node} has maxmemory-policy noeviction: a full Redis refuses writes, it never"
+            f" drops a counter{note}",
+        )  # fmt: skip
+    takes = (
+        "evicts quota's keys as readily as any other's"
+        if policy.startswith("allkeys")
+        else "evicts keys with a TTL, and every quota key has one"
+        + (", nearest expiry first: quota's go first" if policy == "volatile-ttl" else "")
+    )
+    return Finding(
+        "eviction", WARN,
+        f"{node} has maxmemory-policy {policy}: once Redis reaches maxmemory it {takes}, and a"
+        f" caller at its limit whose counter is evicted is admitted again{note}",
+        fix,
+    )  # fmt: skip
 
 
 # -- SQLite -----------------------------------------------------------------------------
@@ -289,9 +405,9 @@ def _diagnose_postgres(parsed: StoreURL, clock: Clock, timeout: float) -> list[F
             with conn.transaction():  # a savepoint: a failing check leaves the others be
                 return conn.execute(sql, params).fetchall()
 
-        version, user, database, standby = query(
+        version, user, database, standby, read_only = query(
             "SELECT current_setting('server_version'), current_user, current_database(),"
-            " pg_is_in_recovery()"
+            " pg_is_in_recovery(), current_setting('transaction_read_only')"
         )[0]
         findings.append(
             Finding(
@@ -306,6 +422,8 @@ def _diagnose_postgres(parsed: StoreURL, clock: Clock, timeout: float) -> list[F
                     "point the URL at the primary",
                 )
             )  # fmt: skip
+        elif read_only == "on":
+            findings.append(read_only_finding(user, database))
         findings += _schema_checks(
             lambda: _pg_version(query), lambda: postgres_schema(query, TABLES), "postgresql", shown
         )
@@ -315,6 +433,19 @@ def _diagnose_postgres(parsed: StoreURL, clock: Clock, timeout: float) -> list[F
     finally:
         conn.close()
     return findings
+
+
+def read_only_finding(user: str, database: str) -> Finding:
+    """The error of a session that starts read-only on a primary (the role's or the
+    database's ``default_transaction_read_only``): every decision writes."""
+    return Finding(
+        "read_only", ERROR,
+        f"sessions of role {user} on database {database} are read-only"
+        " (default_transaction_read_only is on); every decision writes, so each one fails",
+        f'ALTER ROLE "{user}" SET default_transaction_read_only = off (or ALTER DATABASE'
+        f' "{database}" RESET default_transaction_read_only, wherever it was set), or connect'
+        " as a role that may write",
+    )  # fmt: skip
 
 
 _TABLE_FACTS = (

@@ -46,9 +46,10 @@ one, in arrival order, sent in one round trip without ``MULTI``. Each script
 answers its own hit's count, so no sum is split. Redis runs each script
 atomically, but the pipeline as a whole is not: the scripts of other clients
 may run between two of its scripts (counts stay exact: each script counts on
-what is stored when it runs). A pipeline that fails fails every caller of
-the batch with `StorageError`, yet the scripts Redis ran **are counted**:
-when one script errors, every other script of the batch; when the
+what is stored when it runs). A script that fails with a statement error (a
+key of another type) fails its own caller only; the others get their counts.
+A pipeline that fails otherwise fails every caller of the batch with
+`StorageError`, yet the scripts Redis ran **are counted**: when the
 connection is lost, those that reached Redis, though none is answered.
 Nothing is sent twice (the store does not retry), so a hit is counted at
 most once.
@@ -227,11 +228,13 @@ def split_counts(hits: Sequence[Hit], rows: Rows) -> list[int]:
     return counts
 
 
-def batch_counts(dialect: str, hits: Sequence[Hit], rows: Rows) -> list[int]:
+def batch_counts(dialect: str, hits: Sequence[Hit], rows: Rows) -> list[Any]:
     """Each hit's own count from the rows of its batch statement.
 
-    SQL: per-key totals, split by `split_counts`. Redis: one row per hit, its own count;
-    `StorageError` if the number of rows is not the number of hits.
+    SQL: per-key totals, split by `split_counts`. Redis: one row per hit, its own count
+    or the `StorageError` of that hit alone (its script failed with a statement error: its
+    caller gets it, the others their counts); `StorageError` if the number of rows is not
+    the number of hits.
     """
     if dialect not in PIPELINED_DIALECTS:
         return split_counts(hits, rows)
@@ -374,11 +377,13 @@ class AsyncBatchingStore:
         hits = [hit for hit, _ in batch]
         try:
             if len(hits) == 1:
-                results: list[Rows] = [await self.store.execute(_sql.HIT, hits[0])]
+                results: list[Rows | Exception] = [await self.store.execute(_sql.HIT, hits[0])]
             else:
                 rows = await self.store.execute(*batch_statement(self.dialect, hits))
                 counts = batch_counts(self.dialect, hits, rows)
-                results = [[(count,)] for count in counts]  # as HIT returns
+                results = [
+                    count if isinstance(count, Exception) else [(count,)] for count in counts
+                ]
         except BaseException as exc:
             for _, waiter in batch:
                 if not waiter.done():
@@ -390,8 +395,12 @@ class AsyncBatchingStore:
                 raise
         else:
             for (_, waiter), result in zip(batch, results, strict=True):
-                if not waiter.done():
-                    waiter.set_result(result)
+                if waiter.done():
+                    continue
+                if isinstance(result, Exception):  # this hit's own error (`batch_counts`)
+                    waiter.set_exception(result)
+                else:
+                    waiter.set_result(result)  # as HIT returns
         finally:
             self._done(contended=len(batch) > 1, lone=False)
 
@@ -477,7 +486,10 @@ class BatchingStore:
                 for waiter, count in zip(
                     batch, batch_counts(self.dialect, hits, rows), strict=True
                 ):
-                    waiter.result = [(count,)]
+                    if isinstance(count, Exception):  # this hit's own error (`batch_counts`)
+                        waiter.error = count
+                    else:
+                        waiter.result = [(count,)]
         except BaseException as exc:
             for waiter in batch:
                 waiter.error = exc

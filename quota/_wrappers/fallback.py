@@ -168,6 +168,22 @@ class _Health:
                 else:
                     entry[3] += cost
 
+    def drops(self, exc: Exception, params: Sequence[Any]) -> bool:
+        """True if the write-back of owed hits `params` that failed with `exc` is given up:
+        a statement error (the key holding another type, a permission missing) would fail
+        every time, so it is dropped with an ``ERROR`` line instead of kept owed forever. A
+        deadlock or serialization failure (SQLSTATE class 40) is tried again instead."""
+        if not isinstance(exc, StorageError) or exc.outage:
+            return False
+        if str(getattr(exc.__cause__, "sqlstate", None) or "").startswith("40"):
+            return False
+        log.error(
+            "quota: store %s rejected the write-back of %d hit(s) of %r counted in memory"
+            " during an outage; they are dropped: %s",
+            self.url, params[4], params[1], exc,
+        )  # fmt: skip
+        return True
+
     def take_owed(self, now: float) -> list[Step]:
         """The statements that write owed hits of still-running windows back; clears the debt."""
         with self._lock:
@@ -255,16 +271,20 @@ class ResilientStore:
 
     def _write_owed(self) -> int | None:
         """Write owed hits back: how many windows, or None if one failed (it and the rest
-        stay owed)."""
+        stay owed; one failing with a statement error is dropped instead, `_Health.drops`)."""
         owed = self.health.take_owed(time.time())
+        written = 0
         for done, (statement, params) in enumerate(owed):
             try:
                 self.primary.execute(statement, params)
             except Exception as exc:
+                if self.health.drops(exc, params):
+                    continue
                 self.health.owe_again(owed[done:])
                 self.health.last_error = exc
                 return None
-        return len(owed)
+            written += 1
+        return written
 
     def close(self) -> None:
         self._closed.set()
@@ -460,14 +480,18 @@ class AsyncResilientStore:
     async def _write_owed(self) -> int | None:
         """`ResilientStore._write_owed`."""
         owed = self.health.take_owed(time.time())
+        written = 0
         for done, (statement, params) in enumerate(owed):
             try:
                 await self.primary.execute(statement, params)
             except Exception as exc:
+                if self.health.drops(exc, params):
+                    continue
                 self.health.owe_again(owed[done:])
                 self.health.last_error = exc
                 return None
-        return len(owed)
+            written += 1
+        return written
 
     async def aclose(self) -> None:
         self._closed = True
