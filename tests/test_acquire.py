@@ -358,7 +358,11 @@ def test_waiters_in_four_processes_share_the_rate_exactly(
         for proc in procs:  # each is connected: starting them is no part of the run
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         start = _window_aligned_start()
-        outs = [proc.communicate(f"{start} {start + SECONDS}\n", timeout=60)[0] for proc in procs]
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start} {start + SECONDS}\n")
+            proc.stdin.flush()
+        outs = [proc.communicate(timeout=60)[0] for proc in procs]
     finally:
         for proc in procs:
             proc.kill()
