@@ -25,7 +25,7 @@ import pytest
 import quota
 from quota import Fallback, Rate
 from quota._core import waiting
-from tests._support import Backend, Clock, OpenBackend, parent_death_signal
+from tests._support import Backend, Clock, parent_death_signal
 from tests.conftest import EVERY_FACE, backend_params, dialect_of, store_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +84,10 @@ def test_jitter_is_a_quarter_of_a_slot_at_most_50_ms() -> None:
 def test_a_bad_timeout_is_named(bad: object) -> None:
     with pytest.raises(quota.ConfigurationError, match="timeout"):
         waiting.check_timeout(bad)
-    with quota.connect("memory://") as limiter, pytest.raises(quota.ConfigurationError, match="timeout"):
+    with (
+        quota.connect("memory://") as limiter,
+        pytest.raises(quota.ConfigurationError, match="timeout"),
+    ):
         limiter.acquire("k", "5/second", timeout=bad)  # type: ignore[arg-type]
 
 
@@ -312,7 +315,7 @@ def test_waiters_hold_no_connection_while_they_sleep(
             barrier.wait()
             try:
                 results.append(limiter.acquire("pool", "10/second", timeout=10))
-            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            except BaseException as exc:
                 results.append(exc)
 
         threads = [threading.Thread(target=waiter) for _ in range(25)]
@@ -349,9 +352,13 @@ def test_waiters_in_four_processes_share_the_rate_exactly(
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests._acquire_worker", url, RATE, str(TASKS)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            preexec_fn=parent_death_signal(), env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=parent_death_signal(),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         for _ in range(PROCESSES)
     ]
     try:

@@ -33,7 +33,7 @@ from quota._core.decision import (
 )
 from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout
 from quota._core.rates import as_rates, most_restrictive
-from quota._core.waiting import Deadline, check_timeout, jitter_spread, pause
+from quota._core.waiting import MAX_TIMEOUT, Deadline, check_timeout, jitter_spread, pause
 from quota._limiter import quotas as _quotas
 from quota._limiter.base import (
     DEFAULT_BATCH_SIZE,
@@ -212,17 +212,20 @@ class Limiter(LimiterBase[SyncStore]):
         Raises `ConfigurationError` for bad arguments, `StorageError` without
         a fallback when the database fails.
         """
-        limits = list(as_rates(rates))  # reordered below: our own copy
-        seconds = check_timeout(timeout)
-        for rate in limits:
-            rate.check_cost(cost)
-        deadline = Deadline.after(self._clock(), seconds)
-        attempt = 0
+        if timeout.__class__ is not float or not 0.0 <= timeout <= MAX_TIMEOUT:
+            timeout = check_timeout(timeout)
+        # Our own list: the wait reorders it.
+        limits = [rates] if rates.__class__ is Rate else list(as_rates(rates))
+        if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
+            for rate in limits:
+                rate.check_cost(cost)
+        started = self._clock()
+        decision, denied_by = sync_settle(self._attempt(key, limits, cost, fail_closed))
+        if decision.allowed:  # the slot was free: what a hit costs, and no more
+            return decision
+        deadline = Deadline.after(started, timeout)
+        attempt = 1
         while True:
-            attempt += 1
-            decision, denied_by = sync_settle(self._attempt(key, limits, cost, fail_closed))
-            if decision.allowed:
-                return decision
             if denied_by:  # the rate that denied goes first next time
                 limits.insert(0, limits.pop(denied_by))
             rate = limits[0]
@@ -234,7 +237,7 @@ class Limiter(LimiterBase[SyncStore]):
                 if self._after:
                     self._observe(decision)
                 raise RateLimitTimeout(
-                    f"no slot for {key!r} under {rate} within {seconds:g}s"
+                    f"no slot for {key!r} under {rate} within {timeout:g}s"
                     f" (the next opens in {decision.retry_after_exact:.3f}s)",
                     decision=decision,
                 )
@@ -242,6 +245,10 @@ class Limiter(LimiterBase[SyncStore]):
                 sync_sleep(sleep)
             else:
                 self._sleep(sleep)
+            attempt += 1
+            decision, denied_by = sync_settle(self._attempt(key, limits, cost, fail_closed))
+            if decision.allowed:
+                return decision
 
     def _attempt(self, key: str, limits: Sequence[Rate], cost: int, fail_closed: bool) -> Attempt:
         """One try of `acquire`: the decision, and the index of the rate that denied (0 if none)."""
