@@ -199,7 +199,11 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         call sleeps until then, plus up to 50 ms of jitter, and tries again, so
         it makes one store call per rate for each slot it competes for and
         holds no connection while it sleeps. A denied attempt charges nothing
-        (whatever ``count_denied`` says); only the hit returned is charged.
+        (whatever ``count_denied`` says); only the hit returned is charged. A
+        task cancelled while it waits is never charged: each attempt after a
+        sleep runs to its end, and one that was allowed is returned (the
+        cancellation then reaches the caller at its next ``await``); the first
+        attempt is cancelled as a `hit` would be.
         With several rates, the rate that denied last is tried first; a rate
         that allowed keeps its charge when a later one denies in the same
         attempt (as `hit` does).
@@ -220,8 +224,10 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             for rate in limits:
                 rate.check_cost(cost)
         started = self._clock()
-        decision, denied_by = await async_settle(self._attempt(key, limits, cost, fail_closed))
-        if decision.allowed:  # the slot was free: what a hit costs, and no more
+        # The first attempt runs as a hit does: a task of its own (see `async_settle`) would
+        # cost a turn of the event loop, more than the hit itself when the slot is free.
+        decision, denied_by = await self._attempt(key, limits, cost, fail_closed)
+        if decision.allowed:
             return decision
         deadline = Deadline.after(started, timeout)
         attempt = 1
@@ -246,6 +252,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             else:
                 self._sleep(sleep)
             attempt += 1
+            # A waiter's attempts run to their end even if it is cancelled meanwhile.
             decision, denied_by = await async_settle(self._attempt(key, limits, cost, fail_closed))
             if decision.allowed:
                 return decision
