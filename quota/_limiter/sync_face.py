@@ -226,9 +226,15 @@ class Limiter(LimiterBase[SyncStore]):
         started = self._clock()
         # The first attempt runs as a hit does: a task of its own (see `async_settle`) would
         # cost a turn of the event loop, more than the hit itself when the slot is free.
-        decision, denied_by = self._attempt(key, limits, cost, fail_closed)
-        if decision.allowed:
-            return decision
+        if len(limits) == 1:
+            decision = self._decide(key, limits[0], cost, fail_closed, waiting=True)
+            if decision.allowed:
+                return decision
+            denied_by = 0
+        else:
+            decision, denied_by = self._attempt(key, limits, cost, fail_closed)
+            if decision.allowed:
+                return decision
         deadline = Deadline.after(started, timeout)
         attempt = 1
         while True:
