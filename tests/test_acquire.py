@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import subprocess
@@ -398,13 +399,33 @@ def test_cancelled_waiters_are_never_charged(request: pytest.FixtureRequest, nam
         admitted: list[quota.Decision] = []
         async with quota.connect_async(url, pool_size=4) as limiter:
             await limiter.peek("warm-up", 1, 1)
+            # The first attempt, made at once, is cancelled as a hit would be (see
+            # docs/waiting.md): the cancellations start once every waiter has made it.
+            decide, attempts, all_waiting = limiter._decide, [0], asyncio.Event()
+
+            async def counted(*args: Any, **kwargs: Any) -> quota.Decision:
+                try:
+                    return await decide(*args, **kwargs)
+                finally:
+                    attempts[0] += 1
+                    if attempts[0] >= 50:
+                        all_waiting.set()
+
+            limiter._decide = counted  # type: ignore[method-assign]
 
             async def waiter() -> None:
                 admitted.append(await limiter.acquire("c", "10/second", timeout=10))
 
             tasks = [asyncio.create_task(waiter()) for _ in range(50)]
-            for task in tasks:
-                asyncio.get_running_loop().call_later(rng.uniform(0, 2.5), task.cancel)
+            await asyncio.wait_for(all_waiting.wait(), 30)
+            loop, now = asyncio.get_running_loop(), time.time()
+            for i, task in enumerate(tasks):
+                # Half at any time (most are asleep then), half just after a window opens,
+                # while the woken waiters' statements are in flight.
+                at = rng.uniform(0, 2.5)
+                if i % 2:
+                    at = math.ceil(now + at) - now + rng.uniform(0.0, 0.03)
+                loop.call_later(at, task.cancel)
             await asyncio.gather(*tasks, return_exceptions=True)
         return admitted
 
