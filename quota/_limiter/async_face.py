@@ -39,6 +39,7 @@ from quota._limiter.base import (
     Attempt,
     LimiterBase,
     Options,
+    allowed,
     async_memory_fallback,
     async_settle,
     async_sleep,
@@ -259,7 +260,9 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
                 self._sleep(sleep)
             attempt += 1
             # A waiter's attempts run to their end even if it is cancelled meanwhile.
-            decision, denied_by = await async_settle(self._attempt(key, limits, cost, fail_closed))
+            decision, denied_by = await async_settle(
+                self._attempt(key, limits, cost, fail_closed), allowed
+            )
             if decision.allowed:
                 return decision
 

@@ -285,14 +285,15 @@ def sync_sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
-async def async_settle(attempt: Awaitable[Attempt]) -> Attempt:
-    """Await one attempt of `acquire` to its end, even if the task is cancelled meanwhile.
+async def async_settle(attempt: Awaitable[T], kept: Callable[[T], bool]) -> T:
+    """Await one attempt of a wait to its end, even if the task is cancelled meanwhile.
 
-    Cancelling a statement in flight could leave a hit counted that no caller
-    got. So the attempt always finishes; if a cancellation came meanwhile, an
-    attempt that was denied raises `asyncio.CancelledError` (nothing was
-    charged), and one that was allowed is returned, the cancellation being
-    requested again so that it reaches the caller at its next ``await``.
+    Cancelling a statement in flight could leave a hit counted (a slot taken)
+    that no caller got. So the attempt always finishes; if a cancellation came
+    meanwhile, an attempt whose result is not `kept` (a denial: nothing was
+    charged) raises `asyncio.CancelledError`, and one that is kept is returned,
+    the cancellation being requested again so that it reaches the caller at its
+    next ``await``.
     """
     task = asyncio.ensure_future(attempt)
     cancelled = False
@@ -308,7 +309,7 @@ async def async_settle(attempt: Awaitable[Attempt]) -> Attempt:
                 result = task.result()
                 break
     if cancelled:
-        if not result[0].allowed:
+        if not kept(result):
             raise asyncio.CancelledError
         current = asyncio.current_task()
         if current is not None:
@@ -316,9 +317,14 @@ async def async_settle(attempt: Awaitable[Attempt]) -> Attempt:
     return result
 
 
-def sync_settle(attempt: Attempt) -> Attempt:
+def sync_settle(attempt: T, kept: Callable[[T], bool]) -> T:
     """The sync face's attempt has ended by the time it is returned."""
     return attempt
+
+
+def allowed(attempt: Attempt) -> bool:
+    """Whether an attempt of `acquire` took its slot (`async_settle` keeps it)."""
+    return attempt[0].allowed
 
 
 def check_async_target(func: object) -> None:

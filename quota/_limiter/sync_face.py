@@ -41,6 +41,7 @@ from quota._limiter.base import (
     Attempt,
     LimiterBase,
     Options,
+    allowed,
     backend,
     check_cost,
     check_sync_target,
@@ -259,7 +260,9 @@ class Limiter(LimiterBase[SyncStore]):
                 self._sleep(sleep)
             attempt += 1
             # A waiter's attempts run to their end even if it is cancelled meanwhile.
-            decision, denied_by = sync_settle(self._attempt(key, limits, cost, fail_closed))
+            decision, denied_by = sync_settle(
+                self._attempt(key, limits, cost, fail_closed), allowed
+            )
             if decision.allowed:
                 return decision
 
