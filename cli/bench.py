@@ -77,6 +77,11 @@ def demo(ctx: click.Context, clients: int) -> None:
     " cost on a healthy store (rate scenario).",
 )  # fmt: skip
 @click.option(
+    "--acquire", is_flag=True,
+    help="Compare acquire against hit of the same rate (--algorithm), every slot free:"
+    " what waiting for a slot costs a call that need not wait (rate scenario).",
+)  # fmt: skip
+@click.option(
     "--pool-size", type=WHOLE, default=None,
     help="Connections quota's side may open (default: one per caller, like the bare side):"
     " fewer measures callers sharing a pool.",
@@ -94,6 +99,7 @@ def bench(
     scenario: str,
     algorithm: str,
     fallback: bool,
+    acquire: bool,
     pool_size: int | None,
     progress: bool | None,
     as_json: bool,
@@ -117,6 +123,6 @@ def bench(
         report = run_bench(
             _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face,
             scenario=scenario, algorithm=algorithm, fallback=fallback, pool_size=pool_size,
-            progress=say,
+            acquire=acquire, progress=say,
         )  # fmt: skip
     _emit(report.as_dict(), as_json, report.table())

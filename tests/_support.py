@@ -80,6 +80,9 @@ class Face:
     def hit(self, key: Any, rates: Any, **kwargs: Any) -> quota.Decision:
         return self._run(self.limiter.hit(key, rates, **kwargs))  # type: ignore[no-any-return]
 
+    def acquire(self, key: Any, rates: Any, **kwargs: Any) -> quota.Decision:
+        return self._run(self.limiter.acquire(key, rates, **kwargs))  # type: ignore[no-any-return]
+
     def reset(self, key: Any, window: Any = None) -> int:
         return self._run(self.limiter.reset(key, window))  # type: ignore[no-any-return]
 

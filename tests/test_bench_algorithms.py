@@ -90,3 +90,29 @@ def test_bench_rejects_an_unknown_algorithm_and_one_outside_the_rate_scenario(
         run_bench(sqlite_url, algorithm="leaky")
     with pytest.raises(quota.ConfigurationError, match="rate scenario only"):
         run_bench(sqlite_url, algorithm="gcra", scenario="quota")
+
+
+@pytest.mark.parametrize("dialect", backend_params("sqlite", "memory"))
+def test_bench_acquire_runs_hit_and_acquire_side_by_side(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    url = "memory://" if dialect == "memory" else str(request.getfixturevalue("sqlite_url"))
+
+    result = bench(url, "--acquire", "--algorithm", "token_bucket")
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["acquire"] is True and report["algorithm"] == "token_bucket"
+    assert len(report["bare_per_s"]) == len(report["quota_per_s"]) == 2
+    assert report["ratio_median"] > 0
+    if dialect == "sqlite":
+        assert _hammered(url, "token_bucket") == 3  # both sides ran the bucket
+    text = CliRunner().invoke(
+        main, ["--url", url, "bench", "-c", "1", "-k", "3", "-d", "0.1", "-r", "1", "--acquire"]
+    )
+    assert "ratio acquire/hit" in text.output, text.output
+
+
+def test_bench_acquire_is_for_the_rate_scenario() -> None:
+    result = bench("memory://", "--acquire", "--scenario", "quota")
+    assert result.exit_code != 0 and "acquire" in result.output

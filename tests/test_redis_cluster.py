@@ -718,3 +718,27 @@ def test_a_script_load_goes_to_every_master(
     assert sha == _redis.SHAS["gcra"]
     for port in cluster.masters():
         assert cluster.command(port, "SCRIPT", "EXISTS", sha) == [1], port
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+@pytest.mark.parametrize("algorithm", ["fixed_window", "token_bucket"])
+def test_acquire_waits_exactly_on_a_cluster(cluster_url: str, face: str, algorithm: str) -> None:
+    clock = Clock()
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        clock.advance(seconds)
+
+    backend = Backend(f"redis-{face}", cluster_url, clock, sleep=sleep)
+    try:
+        rate = quota.Rate(limit=2, window=1, algorithm=algorithm)
+        admitted = [backend.acquire("wait", rate, timeout=5) for _ in range(6)]
+        assert all(d.allowed for d in admitted)
+        # Two at once, then one sleep per wait, each admitted when it wakes.
+        assert len(pauses) == (2 if algorithm == "fixed_window" else 4)
+        with pytest.raises(quota.RateLimitTimeout):
+            backend.acquire("wait", quota.Rate(limit=1, window=60), timeout=0)
+            backend.acquire("wait", quota.Rate(limit=1, window=60), timeout=0)
+    finally:
+        backend.close()

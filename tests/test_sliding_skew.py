@@ -89,7 +89,7 @@ def test_calls_late_across_the_boundary_weigh_the_previous_window_in_full(
 
 
 def _but_key_and_wait(decision: quota.Decision) -> quota.Decision:
-    return replace(decision, key="", retry_after=0)
+    return replace(decision, key="", retry_after=0, retry_after_exact=0.0)
 
 
 def test_a_late_call_is_decided_as_an_on_time_call_at_the_windows_start(

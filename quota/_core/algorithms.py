@@ -278,7 +278,9 @@ def sliding_decision(
         # Only in the next window, once enough of this one fades.
         wait = ws + window + window * (1 - (limit - cost) / current) - now
     count = math.ceil(estimate - _EPS)
-    return _decision(False, key, limit, remaining, count, window, start + window, _retry(wait))
+    return _decision(
+        False, key, limit, remaining, count, window, start + window, _retry(wait), max(wait, 0.0)
+    )
 
 
 def bucket_decision(
@@ -289,10 +291,15 @@ def bucket_decision(
     if remaining < 0:
         remaining = 0
     reset_at = math.ceil(now + (capacity - tokens) / per_second - _EPS)
-    retry = 0 if allowed else _retry((cost - tokens) / per_second)
+    if allowed:
+        return _decision(
+            True, key, capacity, remaining, capacity - remaining, rate.window, reset_at, 0
+        )
+    wait = max((cost - tokens) / per_second, 0.0)
     return _decision(
-        allowed, key, capacity, remaining, capacity - remaining, rate.window, reset_at, retry
-    )
+        False, key, capacity, remaining, capacity - remaining, rate.window, reset_at,
+        _retry(wait), wait,
+    )  # fmt: skip
 
 
 def gcra_decision(
@@ -308,10 +315,15 @@ def gcra_decision(
         remaining = capacity
     later = tat if tat > now else now
     reset_at = math.ceil(later - _EPS)
-    retry = 0 if allowed else _retry(later + increment - tolerance - now)
+    if allowed:
+        return _decision(
+            True, key, capacity, remaining, capacity - remaining, rate.window, reset_at, 0
+        )
+    wait = max(later + increment - tolerance - now, 0.0)
     return _decision(
-        allowed, key, capacity, remaining, capacity - remaining, rate.window, reset_at, retry
-    )
+        False, key, capacity, remaining, capacity - remaining, rate.window, reset_at,
+        _retry(wait), wait,
+    )  # fmt: skip
 
 
 # -- one call, end to end: the statement to run and the decision from its rows --------
@@ -406,8 +418,9 @@ def closed_decision(key: str, rate: Rate, now: float, retry_after: int) -> Decis
     start = int(window_start(now, rate.window))
     reset_at = start + rate.window
     return _decision(
-        False, key, rate.capacity, 0, rate.capacity, rate.window, reset_at, retry_after
-    )
+        False, key, rate.capacity, 0, rate.capacity, rate.window, reset_at, retry_after,
+        float(retry_after),
+    )  # fmt: skip
 
 
 def decide_rows(

@@ -146,6 +146,11 @@ class Decision:
     """Epoch second at which the current window ends and the count starts again."""
     retry_after: int
     """Whole seconds to wait before retrying: at least 1 when denied, 0 when allowed."""
+    retry_after_exact: float = 0.0
+    """Seconds until the same hit could pass, not rounded: the moment the window
+    resets, or the bucket has refilled enough, less the time of the decision.
+    0.0 when allowed. `Limiter.acquire` sleeps this long (``retry_after`` is it
+    rounded up to a whole second, at least 1)."""
 
     def headers(self) -> dict[str, str]:
         """The response headers an HTTP app sends with this decision.
@@ -169,7 +174,7 @@ _set = object.__setattr__
 
 def _decision(
     allowed: bool, key: str, limit: int, remaining: int, count: int, window: int,
-    reset_at: int, retry_after: int,
+    reset_at: int, retry_after: int, retry_after_exact: float = 0.0,
 ) -> Decision:  # fmt: skip
     """`Decision(...)`, built three times faster than the frozen ``__init__``.
 
@@ -182,6 +187,7 @@ def _decision(
     _set(decision, "__dict__", {
         "allowed": allowed, "key": key, "limit": limit, "remaining": remaining, "count": count,
         "window": window, "reset_at": reset_at, "retry_after": retry_after,
+        "retry_after_exact": retry_after_exact,
     })  # fmt: skip
     return decision
 
@@ -201,11 +207,12 @@ def decide(
     count is reported as the limit.
     """
     reset_at = window_start + window
-    if count is None:
-        return _decision(False, key, limit, 0, limit, window, reset_at, retry_after(reset_at, now))
-    if count <= limit:
+    if count is not None and count <= limit:
         return _decision(True, key, limit, limit - count, count, window, reset_at, 0)
-    return _decision(False, key, limit, 0, count, window, reset_at, retry_after(reset_at, now))
+    return _decision(
+        False, key, limit, 0, limit if count is None else count, window, reset_at,
+        retry_after(reset_at, now), reset_at - now,
+    )  # fmt: skip
 
 
 def decide_uncounted(
@@ -215,8 +222,9 @@ def decide_uncounted(
     reset_at = window_start + window
     remaining = max(0, limit - stored)
     return _decision(
-        False, key, limit, remaining, stored, window, reset_at, retry_after(reset_at, now)
-    )
+        False, key, limit, remaining, stored, window, reset_at, retry_after(reset_at, now),
+        reset_at - now,
+    )  # fmt: skip
 
 
 def peek_decision(
@@ -228,8 +236,9 @@ def peek_decision(
     if count < limit:
         return _decision(True, key, limit, remaining, count, window, reset_at, 0)
     return _decision(
-        False, key, limit, remaining, count, window, reset_at, retry_after(reset_at, now)
-    )
+        False, key, limit, remaining, count, window, reset_at, retry_after(reset_at, now),
+        reset_at - now,
+    )  # fmt: skip
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

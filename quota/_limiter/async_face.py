@@ -12,10 +12,11 @@ never awaits (options, metrics, failing open, the table of stores) is in
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from quota._core import algorithms as _algorithms
 from quota._core.algorithms import FIXED_WINDOW, Rate, closed_decision
@@ -28,17 +29,25 @@ from quota._core.decision import (
     hit_params,
     stored_key,
 )
-from quota._core.errors import ConfigurationError, QuotaError
+from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout
 from quota._core.rates import as_rates, most_restrictive
+from quota._core.waiting import MAX_TIMEOUT, Deadline, check_timeout, jitter_spread, pause
 from quota._limiter import quotas as _quotas
 from quota._limiter.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_GRACE,
+    Attempt,
     LimiterBase,
     Options,
+    allowed,
     async_memory_fallback,
+    async_settle,
+    async_sleep,
     backend,
+    check_async_target,
     check_cost,
+    check_wait,
+    key_of,
     log,
     rate_of,
 )
@@ -62,6 +71,7 @@ from quota._wrappers.fallback import AsyncResilientStore, StoreDown
 from quota._wrappers.metrics import AsyncMeteredStore
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class AsyncLimiter(LimiterBase[AsyncStore]):
@@ -130,13 +140,18 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         decisions = [await self._decide(key, rate, cost, fail_closed) for rate in as_rates(rates)]
         return decisions[0] if len(decisions) == 1 else most_restrictive(decisions)
 
-    async def _decide(self, key: str, rate: Rate, cost: int, fail_closed: bool = False) -> Decision:
+    async def _decide(
+        self, key: str, rate: Rate, cost: int, fail_closed: bool = False, waiting: bool = False
+    ) -> Decision:
+        """One hit under `rate`. `waiting` (an attempt of `acquire`): a denial is never
+        counted, whatever ``count_denied`` says, and is not reported as one (the wait is)."""
         if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
             rate.check_cost(cost)
         now = self._clock()
         sql, params = _algorithms.plan(
-            key, rate, cost, now, count_denied=self._count_denied, database_clock=not self._fast
-        )
+            key, rate, cost, now, count_denied=self._count_denied and not waiting,
+            database_clock=not self._fast,
+        )  # fmt: skip
         strict = fail_closed and self._fallback is not None
         try:
             execute = self.store.execute_strict if strict else self.store.execute
@@ -150,11 +165,13 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             if self._fallback is None:
                 raise
             return self._fail_open(key, rate, cost, now)
-        if not rows and sql is _sql.HIT_CAPPED:
+        if not rows and sql is _sql.HIT_CAPPED and not waiting:
             decision = await self._uncounted(key, rate.limit, rate.window, params, now)
         else:
             decision = _algorithms.decide_rows(key, rate, cost, now, rows)
         if self._after and (self._observing or not decision.allowed):
+            if waiting and not decision.allowed:
+                return decision
             if self._record_denials and not decision.allowed:
                 await self._record_denial(decision, cost, now)
             self._observe(decision)
@@ -171,6 +188,137 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         return decide_uncounted(
             key, limit, window, params[2], now, int(stored[0][0]) if stored else 0
         )
+
+    async def acquire(
+        self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1,
+        timeout: float = 30.0, fail_closed: bool = False,
+    ) -> Decision:  # fmt: skip
+        """Wait until a hit of `cost` on `key` is allowed under every one of `rates`; return it.
+
+        `rates` as for `hit`. Each denial says when the hit could pass (the
+        window's reset, the bucket's refill: `Decision.retry_after_exact`); the
+        call sleeps until then, plus up to 50 ms of jitter, and tries again, so
+        it makes one store call per rate for each slot it competes for and
+        holds no connection while it sleeps. A denied attempt charges nothing
+        (whatever ``count_denied`` says); only the hit returned is charged. A
+        task cancelled while it waits is never charged: each attempt after a
+        sleep runs to its end, and one that was allowed is returned (the
+        cancellation then reaches the caller at its next ``await``); the first
+        attempt is cancelled as a `hit` would be.
+        With several rates, the rate that denied last is tried first; a rate
+        that allowed keeps its charge when a later one denies in the same
+        attempt (as `hit` does).
+
+        Raises `quota.RateLimitTimeout` (``decision`` the last denial) when
+        `timeout` seconds pass first, and at once when the slot opens only
+        after the timeout; `timeout=0` tries once and never waits. With a
+        fallback, the store being down is handled as `hit` handles it
+        (`fail_closed` waits out the outage, retrying every ``retry_after``).
+        Raises `ConfigurationError` for bad arguments, `StorageError` without
+        a fallback when the database fails.
+        """
+        if timeout.__class__ is not float or not 0.0 <= timeout <= MAX_TIMEOUT:
+            timeout = check_timeout(timeout)
+        # Our own list: the wait reorders it.
+        limits = [rates] if rates.__class__ is Rate else list(as_rates(rates))
+        if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
+            for rate in limits:
+                rate.check_cost(cost)
+        started = self._clock()
+        # The first attempt runs as a hit does: a task of its own (see `async_settle`) would
+        # cost a turn of the event loop, more than the hit itself when the slot is free.
+        if len(limits) == 1:
+            decision = await self._decide(key, limits[0], cost, fail_closed, waiting=True)
+            if decision.allowed:
+                return decision
+            denied_by = 0
+        else:
+            decision, denied_by = await self._attempt(key, limits, cost, fail_closed)
+            if decision.allowed:
+                return decision
+        deadline = Deadline.after(started, timeout)
+        attempt = 1
+        while True:
+            if denied_by:  # the rate that denied goes first next time
+                limits.insert(0, limits.pop(denied_by))
+            rate = limits[0]
+            sleep = pause(
+                decision.retry_after_exact, deadline.left(self._clock()), attempt=attempt,
+                spread=jitter_spread(cost / rate.rate), draw=self._draw(),
+            )  # fmt: skip
+            if sleep is None:
+                if self._after:
+                    self._observe(decision)
+                raise RateLimitTimeout(
+                    f"no slot for {key!r} under {rate} within {timeout:g}s"
+                    f" (the next opens in {decision.retry_after_exact:.3f}s)",
+                    decision=decision,
+                )
+            if self._sleep is None:
+                await async_sleep(sleep)
+            else:
+                self._sleep(sleep)
+            attempt += 1
+            # A waiter's attempts run to their end even if it is cancelled meanwhile.
+            decision, denied_by = await async_settle(
+                self._attempt(key, limits, cost, fail_closed), allowed
+            )
+            if decision.allowed:
+                return decision
+
+    async def _attempt(
+        self, key: str, limits: Sequence[Rate], cost: int, fail_closed: bool
+    ) -> Attempt:
+        """One try of `acquire`: the decision, and the index of the rate that denied (0 if none)."""
+        if len(limits) == 1:
+            return await self._decide(key, limits[0], cost, fail_closed, waiting=True), 0
+        decisions = []
+        for index, rate in enumerate(limits):
+            decision = await self._decide(key, rate, cost, fail_closed, waiting=True)
+            if not decision.allowed:
+                return decision, index
+            decisions.append(decision)
+        return most_restrictive(decisions), 0
+
+    def limit(
+        self, rates: Rate | str | Iterable[Rate], *, key: str | Callable[..., str] | None = None,
+        cost: int = 1, wait: bool = True, timeout: float = 30.0,
+    ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:  # fmt: skip
+        """Decorate a function so that each call first takes a slot under `rates`.
+
+        `key` is a string, a callable taking the call's arguments and returning
+        the key, or None (the function's module and qualified name). With
+        `wait` each call waits as `acquire` does, up to `timeout` seconds;
+        without, a call that is denied raises `quota.RateLimitTimeout` at once
+        (its ``decision`` says when to retry). Arguments are checked when
+        decorating (`ConfigurationError`).
+        """
+        limits = as_rates(rates)
+        for rate in limits:
+            rate.check_cost(cost)
+        budget = check_timeout(timeout) if check_wait(wait) else 0.0
+
+        def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+            check_async_target(func)
+            key_for = key_of(key, func)
+
+            @functools.wraps(func)
+            async def limited(*args: P.args, **kwargs: P.kwargs) -> T:
+                await self.acquire(key_for(*args, **kwargs), limits, cost=cost, timeout=budget)
+                return await func(*args, **kwargs)
+
+            return limited
+
+        return decorate
+
+    @contextlib.asynccontextmanager
+    async def limited(
+        self, key: str, rates: Rate | str | Iterable[Rate], *, cost: int = 1,
+        timeout: float = 30.0,
+    ) -> AsyncIterator[Decision]:  # fmt: skip
+        """``async with limiter.limited(key, rates):`` waits for a slot as `acquire` does
+        and runs the block with its `Decision`; `quota.RateLimitTimeout` at the timeout."""
+        yield await self.acquire(key, rates, cost=cost, timeout=timeout)
 
     async def peek(
         self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,

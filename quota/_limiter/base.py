@@ -11,11 +11,14 @@ a URL's dialect to the store opener of each face.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
+import inspect
 import logging
+import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypedDict, TypeVar
 
@@ -31,6 +34,7 @@ from quota._wrappers.fallback import Fallback, retry_after_down
 from quota._wrappers.metrics import Metrics
 
 Clock = Callable[[], float]
+Sleep = Callable[[float], object]
 log = logging.getLogger("quota")
 #: ``clock="database"``: take the time from the database inside each statement.
 DATABASE_CLOCK = "database"
@@ -85,6 +89,10 @@ class Options:
     """Count decisions (by source), store errors and store latency into this `quota.Metrics`."""
     abuse: AbuseDetector | None = None
     """Tell this `quota.AbuseDetector` about every denial (alerts when one key is hammered)."""
+    sleep: Sleep | None = None
+    """What `acquire` calls to wait that many seconds: a plain function, called (never
+    awaited) by both faces. Inject one beside ``clock`` in tests (it should advance that
+    clock). None: ``time.sleep`` on the sync face, ``asyncio.sleep`` on the async one."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.count_denied, bool):
@@ -127,6 +135,10 @@ class Options:
             raise ConfigurationError(f"metrics must be a quota.Metrics, got {self.metrics!r}")
         if self.abuse is not None and not isinstance(self.abuse, AbuseDetector):
             raise ConfigurationError(f"abuse must be a quota.AbuseDetector, got {self.abuse!r}")
+        if self.sleep is not None and not callable(self.sleep):
+            raise ConfigurationError(
+                f"sleep must be a callable taking seconds, or None, got {self.sleep!r}"
+            )
         if self.durability not in DURABILITY_MODES:
             raise ConfigurationError(
                 f"durability must be one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}"
@@ -173,6 +185,7 @@ class OptionsDict(TypedDict, total=False):
     durability: str
     metrics: Metrics | None
     abuse: AbuseDetector | None
+    sleep: Sleep | None
 
 
 def options_from(options: Options | None, settings: Mapping[str, object]) -> Options:
@@ -235,6 +248,8 @@ class LimiterBase(Generic[StoreT]):
         self._record_denials = options.record_rate_denials
         # One test on the hot path for everything that happens after a decision.
         self._after = self._observing or self._record_denials
+        self._sleep = options.sleep
+        self._draw = random.random
 
     def _observe(self, decision: Decision, source: str = "") -> None:
         """Tell the metrics and the abuse detector (those configured) about one decision."""
@@ -252,6 +267,106 @@ class LimiterBase(Generic[StoreT]):
         if self._observing:
             self._observe(decision, "fail_open")
         return decision
+
+
+# -- waiting (acquire): what differs between the faces, as twins unasyncd swaps ------------
+
+T = TypeVar("T")
+Attempt = tuple[Decision, int]
+
+
+async def async_sleep(seconds: float) -> None:
+    """The async face's real sleep."""
+    await asyncio.sleep(seconds)
+
+
+def sync_sleep(seconds: float) -> None:
+    """The sync face's real sleep."""
+    time.sleep(seconds)
+
+
+async def async_settle(attempt: Awaitable[T], kept: Callable[[T], bool]) -> T:
+    """Await one attempt of a wait to its end, even if the task is cancelled meanwhile.
+
+    Cancelling a statement in flight could leave a hit counted (a slot taken)
+    that no caller got. So the attempt always finishes; if a cancellation came
+    meanwhile, an attempt whose result is not `kept` (a denial: nothing was
+    charged) raises `asyncio.CancelledError`, and one that is kept is returned,
+    the cancellation being requested again so that it reaches the caller at its
+    next ``await``.
+    """
+    task = asyncio.ensure_future(attempt)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+            if task.done():
+                result = task.result()
+                break
+    if cancelled:
+        if not kept(result):
+            raise asyncio.CancelledError
+        current = asyncio.current_task()
+        if current is not None:
+            current.cancel()
+    return result
+
+
+def sync_settle(attempt: T, kept: Callable[[T], bool]) -> T:
+    """The sync face's attempt has ended by the time it is returned."""
+    return attempt
+
+
+def allowed(attempt: Attempt) -> bool:
+    """Whether an attempt of `acquire` took its slot (`async_settle` keeps it)."""
+    return attempt[0].allowed
+
+
+def check_async_target(func: object) -> None:
+    """`AsyncLimiter.limit` decorates coroutine functions; anything else is a `ConfigurationError`."""
+    if not inspect.iscoroutinefunction(func):
+        raise ConfigurationError(
+            f"AsyncLimiter.limit decorates async functions (async def), got {func!r};"
+            " use Limiter.limit for plain functions"
+        )
+
+
+def check_sync_target(func: object) -> None:
+    """`Limiter.limit` decorates plain functions; anything else is a `ConfigurationError`."""
+    if not callable(func) or inspect.iscoroutinefunction(func):
+        raise ConfigurationError(
+            f"Limiter.limit decorates plain functions, got {func!r};"
+            " use AsyncLimiter.limit for async functions"
+        )
+
+
+def key_of(key: object, func: Callable[..., object]) -> Callable[..., str]:
+    """The key function of a `limit` decorator: `key` a string, a callable of the call's
+    arguments returning one, or None for the function's module and qualified name."""
+    if key is None:
+        name = f"{func.__module__}.{func.__qualname__}"
+        return lambda *args, **kwargs: name
+    if isinstance(key, str):
+        if not key:
+            raise ConfigurationError("key must be a non-empty string or a callable, got ''")
+        fixed = key
+        return lambda *args, **kwargs: fixed
+    if callable(key):
+        return key
+    raise ConfigurationError(
+        f"key must be a string or a callable of the call's arguments, got {key!r}"
+    )
+
+
+def check_wait(wait: object) -> bool:
+    if not isinstance(wait, bool):
+        raise ConfigurationError(f"wait must be a bool, got {wait!r}")
+    return wait
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True must not pass as 1

@@ -534,6 +534,7 @@ def _check(
                     allowed=False, key=limit.key, limit=limit.limit,
                     remaining=max(0, limit.limit - count), count=count, window=limit.window,
                     reset_at=reset_at, retry_after=_retry_after(reset_at, now),
+                    retry_after_exact=max(reset_at - now, 0.0),
                 )  # fmt: skip
         else:
             spot, quota_limit = step.spot, step.limit.limit

@@ -15,6 +15,10 @@ stays the fixed-window upsert, the baseline every algorithm is held to. On
 ``redis://`` the bare side is one EVALSHA of a plain INCRBY+EXPIRE script per
 call (quota's decision is one EVALSHA too). ``memory://`` has no driver to
 compare with: it reports quota's decisions per second on one thread.
+
+With ``acquire`` both sides are quota on the same rate (``algorithm``): `hit` as the
+baseline, `acquire` on the other side, every slot free, so the ratio is what waiting for
+a slot costs a call that need not wait.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from quota._core.algorithms import FIXED_WINDOW, check_algorithm
+from quota._core.algorithms import FIXED_WINDOW, Rate, check_algorithm
 from quota._core.errors import ConfigurationError
 from quota._limiter import connect, connect_async
 from quota._sql import statements as _sql
@@ -59,6 +63,8 @@ class BenchReport:
     """What the quota side of the rate scenario runs; the bare side is the fixed window."""
     fallback: bool = False
     """The baseline is quota itself without a fallback, the other side quota with one."""
+    acquire: bool = False
+    """The baseline is quota's `hit`, the other side `acquire` of the same rate."""
 
     @property
     def ratios(self) -> list[float]:
@@ -70,6 +76,7 @@ class BenchReport:
             "scenario": self.scenario,
             "algorithm": self.algorithm,
             "fallback": self.fallback,
+            "acquire": self.acquire,
             "url": self.url,
             "face": self.face,
             "driver": self.driver,
@@ -95,6 +102,8 @@ class BenchReport:
         base, side = (
             ("quota, no fallback", "quota, fallback=True")
             if self.fallback
+            else ("quota hit", "quota acquire")
+            if self.acquire
             else ("bare " + self.driver, "quota")
         )
         if self.bare:
@@ -107,7 +116,13 @@ class BenchReport:
             + " ".join(str(x) for x in d["quota_per_s"])
         )
         if self.bare:
-            what = "fallback on/off" if self.fallback else "quota/bare"
+            what = (
+                "fallback on/off"
+                if self.fallback
+                else "acquire/hit"
+                if self.acquire
+                else "quota/bare"
+            )
             lines.append(f"  ratio {what} (median of per-run ratios): {d['ratio_median']:.3f}")
         else:
             lines.append("  no bare driver to compare with: decisions per second on one thread")
@@ -241,13 +256,22 @@ async def _async_bare_redis(
 
 def _sync_quota(
     url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
-    fallback: bool = False, pool_size: int | None = None,
+    fallback: bool = False, pool_size: int | None = None, call: str = "rate_limit",
 ) -> float:  # fmt: skip
     with connect(url, pool_size=pool_size or concurrency, fallback=fallback) as limiter:
 
         def work(i: int, go: Callable[[], bool]) -> int:
             next_key, n = _key_stream(keys, i), 0
             limiter.rate_limit(next_key(), LIMIT, WINDOW)  # connect outside the clock
+            if call != "rate_limit":  # hit or acquire of one Rate, side by side
+                decide, rate = (
+                    getattr(limiter, call),
+                    Rate(limit=LIMIT, window=WINDOW, algorithm=algorithm),
+                )
+                while go():
+                    decide(next_key(), rate)
+                    n += 1
+                return n
             if algorithm == FIXED_WINDOW:  # the call as the README shows it
                 while go():
                     limiter.rate_limit(next_key(), LIMIT, WINDOW)
@@ -261,7 +285,9 @@ def _sync_quota(
         return _threads(concurrency, duration, work)
 
 
-def _memory_quota(url: str, keys: int, duration: float, algorithm: str) -> float:
+def _memory_quota(
+    url: str, keys: int, duration: float, algorithm: str, call: str = "rate_limit"
+) -> float:
     """Decisions per second on one thread, the harness kept out of the way.
 
     With no I/O a decision costs a few microseconds, as much as drawing a
@@ -274,9 +300,13 @@ def _memory_quota(url: str, keys: int, duration: float, algorithm: str) -> float
         rate_limit, n = limiter.rate_limit, 0
         start = time.perf_counter()
         deadline = start + duration
+        decide, rate = getattr(limiter, call), Rate(limit=LIMIT, window=WINDOW, algorithm=algorithm)
         while time.perf_counter() < deadline:
             batch = sequence[n % 65_536 : n % 65_536 + 1000]
-            if algorithm == FIXED_WINDOW:  # the call as the README shows it
+            if call != "rate_limit":
+                for key in batch:
+                    decide(key, rate)
+            elif algorithm == FIXED_WINDOW:  # the call as the README shows it
                 for key in batch:
                     rate_limit(key, LIMIT, WINDOW)
             else:
@@ -324,7 +354,7 @@ def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -
 
 async def _async_quota(
     url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
-    fallback: bool = False, pool_size: int | None = None,
+    fallback: bool = False, pool_size: int | None = None, call: str = "rate_limit",
 ) -> float:  # fmt: skip
     pool_size = pool_size or concurrency
     async with connect_async(url, pool_size=pool_size, fallback=fallback) as limiter:
@@ -335,6 +365,15 @@ async def _async_quota(
 
         async def work(i: int, go: Callable[[], bool]) -> int:
             next_key, n = _key_stream(keys, i), 0
+            if call != "rate_limit":  # hit or acquire of one Rate, side by side
+                decide, rate = (
+                    getattr(limiter, call),
+                    Rate(limit=LIMIT, window=WINDOW, algorithm=algorithm),
+                )
+                while go():
+                    await decide(next_key(), rate)
+                    n += 1
+                return n
             if algorithm == FIXED_WINDOW:  # the call as the README shows it
                 while go():
                     await limiter.rate_limit(next_key(), LIMIT, WINDOW)
@@ -401,7 +440,7 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
 def run_bench(
     url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
     face: str = "auto", scenario: str = "rate", algorithm: str = FIXED_WINDOW,
-    fallback: bool = False, pool_size: int | None = None,
+    fallback: bool = False, pool_size: int | None = None, acquire: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> BenchReport:  # fmt: skip
     """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc.
@@ -412,6 +451,8 @@ def run_bench(
     runs. On ``memory://`` only quota's side runs, on one thread. With
     `fallback`, the baseline is quota without a fallback and the other side
     quota with ``fallback=True``: what the resilience layer costs a healthy store.
+    With `acquire`, the baseline is quota's ``hit`` of the rate and the other side
+    ``acquire`` of it, every slot free: what waiting costs a call that need not wait.
     `pool_size` bounds quota's connections (default: one per caller; the bare
     side always has one per caller): fewer shows what sharing them costs.
     `progress`, when given, receives one line as the measuring starts and one
@@ -448,9 +489,11 @@ def run_bench(
         migrate(url)
     if fallback and (scenario != "rate" or parsed.dialect not in ("sqlite", "postgresql")):
         raise ConfigurationError("fallback compares the rate scenario on SQLite or PostgreSQL")
+    if acquire and (scenario != "rate" or fallback):
+        raise ConfigurationError("acquire compares hit and acquire in the rate scenario only")
     report = BenchReport(
         url, face, driver, concurrency, keys, duration, scenario=scenario, algorithm=algorithm,
-        fallback=fallback,
+        fallback=fallback, acquire=acquire,
     )  # fmt: skip
     say = progress or (lambda _line: None)
     say(
@@ -460,32 +503,35 @@ def run_bench(
     labels = (
         {"bare": "quota without fallback", "quota": "quota with fallback"}
         if fallback
+        else {"bare": "quota hit", "quota": "quota acquire"}
+        if acquire
         else {"bare": f"bare {driver}", "quota": "quota"}
     )
     for run in range(runs):
         order: tuple[str, ...] = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
-        if parsed.dialect == "memory":
+        if parsed.dialect == "memory" and not acquire:
             order = ("quota",)
         for side in order:
+            call = ("hit" if side == "bare" else "acquire") if acquire else "rate_limit"
             if parsed.dialect == "memory" and scenario == "rate":
-                rate = _memory_quota(base_url, keys, duration, algorithm)
+                rate = _memory_quota(base_url, keys, duration, algorithm, call)
             elif scenario != "rate":
                 rate = _bench_quotas.measure(
                     scenario, side, face, parsed, base_url, concurrency, keys, duration
                 )
-            elif fallback or side == "quota":
-                # With `fallback`, both sides are quota: without one, then with one.
+            elif fallback or acquire or side == "quota":
+                # With `fallback` or `acquire`, both sides are quota.
                 on = fallback and side == "quota"
                 rate = (
                     _sync_quota(
                         base_url, concurrency, keys, duration, algorithm, fallback=on,
-                        pool_size=pool_size,
+                        pool_size=pool_size, call=call,
                     )
                     if face == "sync"
                     else asyncio.run(
                         _async_quota(
                             base_url, concurrency, keys, duration, algorithm, fallback=on,
-                            pool_size=pool_size,
+                            pool_size=pool_size, call=call,
                         )
                     )
                 )  # fmt: skip
