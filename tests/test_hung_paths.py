@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -228,3 +229,108 @@ def test_http_policy_reads_hold_the_budget_on_a_path_that_hangs(
         finally:
             client.close()
     assert max(times) < BOUND, times
+
+
+#: Route classes of the middleware tests below: a fail-open class with one rate (the
+#: limiter's hot path), one with two rates (``hit``), and a fail-closed one.
+_CLASSES = (("open", "/open", "100/minute", True), ("multi", "/multi", "100/minute;1000/hour", True),
+            ("closed", "/closed", "100/minute", False))  # fmt: skip
+
+
+def _own_limiter_config() -> Any:
+    from quota.http import HttpConfig, RoutePolicy
+
+    return HttpConfig(
+        policies=[
+            RoutePolicy(name=name, paths=[path], rates=rates, fail_open=fail_open)
+            for name, path, rates, fail_open in _CLASSES
+        ],
+        hash_secret="s" * 32,
+    )
+
+
+def _asgi_times(url: str) -> list[tuple[str, int, float]]:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from quota.http.asgi import QuotaMiddleware
+
+    async def ok(_request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    routes = [Route(path, ok) for _, path, _, _ in _CLASSES]
+    app = Starlette(routes=routes)
+    app.add_middleware(QuotaMiddleware, url=url, config=_own_limiter_config())
+
+    async def run() -> list[tuple[str, int, float]]:
+        import httpx
+
+        times = []
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for _ in range(2):
+                for _, path, _, _ in _CLASSES:
+                    started = time.monotonic()
+                    status = (await client.get(path)).status_code
+                    times.append((path, status, time.monotonic() - started))
+        return times
+
+    return asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def _wsgi_times(url: str) -> list[tuple[str, int, float]]:
+    from flask import Flask
+
+    from quota.http.wsgi import QuotaWSGIMiddleware
+
+    app = Flask(__name__)
+    for name, path, _, _ in _CLASSES:
+        app.add_url_rule(path, name, lambda: "ok")
+    middleware = QuotaWSGIMiddleware(app.wsgi_app, url=url, config=_own_limiter_config())
+    app.wsgi_app = middleware  # type: ignore[method-assign]
+    client = app.test_client()
+    times = []
+    try:
+        for _ in range(2):
+            for _, path, _, _ in _CLASSES:
+                started = time.monotonic()
+                status = client.get(path).status_code
+                times.append((path, status, time.monotonic() - started))
+    finally:
+        middleware.limiter.close()
+    return times
+
+
+@pytest.mark.parametrize("drive", [_asgi_times, _wsgi_times], ids=["asgi", "wsgi"])
+def test_a_middleware_of_its_own_on_a_listener_that_never_answers(drive: Any) -> None:
+    """The middleware's own limiter answers every request at once, not only the first
+    (main: 20 s a request, every request, on both faces)."""
+    server, port = _silent_port()
+    try:
+        times = drive(f"postgresql://root@127.0.0.1:{port}/x")
+    finally:
+        server.close()
+    assert len(times) == 6
+    assert max(took for _, _, took in times) < 1.0, times
+    # The first request finds the store down; the others do not wait for it again.
+    assert sum(took for _, _, took in times) < 1.5, times
+    for path, status, _ in times:
+        # The store cannot decide: fail-open classes pass, the fail-closed one is refused.
+        assert status == (503 if path == "/closed" else 200), times
+
+
+def test_a_sync_call_without_a_fallback_waits_its_timeout_once() -> None:
+    """Without a fallback the call raises after `timeout`, not once per connection attempt
+    (main: 2 s for a 1 s timeout, libpq trying with and without TLS)."""
+    server, port = _silent_port()
+    try:
+        with quota.connect(f"postgresql://root@127.0.0.1:{port}/x", timeout=1) as limiter:
+            started = time.monotonic()
+            with pytest.raises(quota.StorageError):
+                limiter.rate_limit("plain", 10, 60)
+            took = time.monotonic() - started
+    finally:
+        server.close()
+    assert took < 1.5, took

@@ -812,12 +812,12 @@ class PostgresStore(_PostgresServer):
         self._pool = self._new_pool()
 
     def _new_pool(self) -> SyncPool[psycopg.Connection[Any]]:
-        # Under a fallback a call waits at most one budget for a new connection
-        # (libpq's connect_timeout cannot go below 2 s).
+        # A call waits at most one budget (without a fallback, the timeout) for a new
+        # connection: libpq's connect_timeout cannot go below 2 s, and it holds for
+        # each attempt (sslmode=prefer makes two on a server that never answers).
         return SyncPool(
             self._open, _close_quietly, size=self._pool_size, wait_timeout=self._wait_timeout,
-            idle_timeout=self._idle_timeout,
-            open_timeout=self._wait_timeout if self._watchdog is not None else None,
+            idle_timeout=self._idle_timeout, open_timeout=self._wait_timeout,
         )  # fmt: skip
 
     def _open(self) -> psycopg.Connection[Any]:
