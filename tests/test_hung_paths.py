@@ -155,6 +155,42 @@ def test_sync_threads_on_a_path_that_hangs_return_within_the_budget(pg_url: str)
             limiter.close()
 
 
+def test_sync_batching_threads_on_a_path_that_hangs_return_within_the_budget(
+    pg_url: str,
+) -> None:
+    """Threads queued behind the batch in flight give up with it, instead of sending their
+    own batch down the same path (main: about four budgets)."""
+    budget = 0.6  # long enough for the extra budgets to stand out from the scheduling noise
+    key = f"hang-{uuid.uuid4().hex}"
+    with proxied(pg_url) as (proxy, url):
+        fallback = Fallback(timeout=budget, probe_interval=5)
+        limiter = quota.connect(url, fallback=fallback, pool_size=4, batching=True)
+        try:
+            for _ in range(20):
+                limiter.rate_limit(key, 10**6, 3600)
+            assert limiter.store.up  # type: ignore[attr-defined]
+            proxy.freeze()
+            times: list[float] = []
+            start = threading.Barrier(16)
+
+            def call() -> None:
+                start.wait(10)
+                started = time.monotonic()
+                assert limiter.rate_limit(key, 10**6, 3600).allowed
+                times.append(time.monotonic() - started)
+
+            threads = [threading.Thread(target=call) for _ in range(16)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert len(times) == 16
+            assert max(times) < 2 * budget + 0.4, sorted(times)
+            assert not limiter.store.up  # type: ignore[attr-defined]
+        finally:
+            limiter.close()
+
+
 def _silent_port() -> tuple[socket.socket, int]:
     server = socket.create_server(("127.0.0.1", 0), backlog=64)  # accepts (backlog), says nothing
     return server, int(server.getsockname()[1])
