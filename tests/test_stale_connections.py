@@ -10,6 +10,7 @@ database, so no other session is touched; the restart runs on a private cluster.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import threading
 import time
 import uuid
@@ -19,6 +20,7 @@ import pytest
 
 import quota
 from quota import Fallback
+from tests._workers import BARRIER_TIMEOUT, FIXED_NOW, run_processes
 from tests.test_resilience import Cluster, cluster  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.postgres
@@ -56,13 +58,13 @@ def _terminate(url: str, name: str) -> int:
     return killed
 
 
-def _fill_sync(limiter: quota.Limiter) -> None:
-    """Open `POOL` connections and leave them idle in the pool."""
+def _fill_sync(limiter: quota.Limiter, size: int = POOL) -> None:
+    """Open `size` connections and leave them idle in the pool."""
     pool = limiter.store.pool if hasattr(limiter.store, "pool") else limiter.store.primary.pool  # type: ignore[attr-defined]
-    conns = [pool.acquire() for _ in range(POOL)]
+    conns = [pool.acquire() for _ in range(size)]
     for conn in conns:
         pool.release(conn)
-    assert pool.opened == POOL
+    assert pool.opened == size
 
 
 async def _fill_async(limiter: quota.AsyncLimiter) -> None:
@@ -215,3 +217,43 @@ def test_a_restarted_server_is_used_again_at_once(cluster: Cluster, face: str) -
         ups, took = asyncio.run(asyncio.wait_for(main(), 120))
     assert all(ups), ups
     assert took < fallback.probe_interval + 0.6, took
+
+
+#: A key at its limit, hit by each process once the server closed their connections.
+LIMIT = 50
+PROCESSES = 3
+PROCESS_POOL = 4  # 12 connections in all on the shared server
+
+
+def at_limit_worker(barrier: Any, url: str, admin_url: str, name: str, key: str, index: int) -> int:
+    """How many of `LIMIT` hits on `key` (already at its limit) this process was allowed,
+    after the server closed its pooled connections (worker 0 closes every process's)."""
+    limiter = quota.connect(url, pool_size=PROCESS_POOL, fallback=FALLBACK, clock=lambda: FIXED_NOW)
+    try:
+        assert not limiter.rate_limit(key, LIMIT, 3600).allowed
+        _fill_sync(limiter, PROCESS_POOL)
+        barrier.wait(timeout=BARRIER_TIMEOUT)
+        if index == 0:
+            assert _terminate(admin_url, name) == PROCESSES * PROCESS_POOL
+        barrier.wait(timeout=BARRIER_TIMEOUT)
+        return sum(limiter.rate_limit(key, LIMIT, 3600).allowed for _ in range(LIMIT))
+    finally:
+        limiter.close()
+
+
+@pytest.mark.slow
+def test_a_key_at_its_limit_stays_there_in_every_process_after_a_server_side_close(
+    pg_url: str,
+) -> None:
+    """main: each process went down at its first dead connection and allowed the key
+    `LIMIT` more hits from its own memory, `PROCESSES` times the limit in all."""
+    url, name = _named(pg_url)
+    key = f"stale-{uuid.uuid4().hex}"
+    with quota.connect(pg_url, clock=lambda: FIXED_NOW) as limiter:
+        assert all(limiter.rate_limit(key, LIMIT, 3600).allowed for _ in range(LIMIT))
+    allowed = run_processes(
+        multiprocessing.get_context("spawn"),
+        at_limit_worker,
+        [(url, pg_url, name, key, index) for index in range(PROCESSES)],
+    )
+    assert allowed == [0] * PROCESSES
