@@ -370,3 +370,65 @@ def test_a_sync_call_without_a_fallback_waits_its_timeout_once() -> None:
     finally:
         server.close()
     assert took < 1.5, took
+
+
+def _unaccepted_port() -> tuple[list[socket.socket], int]:
+    """A listener whose accept queue is full: a TCP connect to it never completes."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = int(server.getsockname()[1])
+    held = [server]
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        held.append(filler)
+    return held, port
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+@pytest.mark.parametrize("listener", ["tcp-connect", "startup"])
+def test_later_calls_do_not_wait_again_for_a_connection_that_hangs(
+    face: str, listener: str
+) -> None:
+    """Whichever step of the connect hangs, the first calls wait for it at most twice the
+    budget in all, and later ones go straight to memory, or are refused when fail-closed
+    (main, async: every call waited one more budget until the connect timeout, 10 s)."""
+    budget = 0.25
+    if listener == "startup":
+        server, port = _silent_port()
+        held = [server]
+    else:
+        held, port = _unaccepted_port()
+    url = f"postgresql://root@127.0.0.1:{port}/x"
+    fallback = Fallback(timeout=budget, probe_interval=5)
+    calls = [False, True, False, True, False, True]  # fail_closed of each call
+
+    async def run_async() -> list[tuple[bool, float]]:
+        async with quota.connect_async(url, fallback=fallback) as limiter:
+            out = []
+            for fail_closed in calls:
+                started = time.monotonic()
+                decision = await limiter.rate_limit("c", 10, 60, fail_closed=fail_closed)
+                out.append((decision.allowed, time.monotonic() - started))
+            return out
+
+    try:
+        if face == "async":
+            results = asyncio.run(asyncio.wait_for(run_async(), 60))
+        else:
+            with quota.connect(url, fallback=fallback) as limiter:
+                results = []
+                for fail_closed in calls:
+                    started = time.monotonic()
+                    decision = limiter.rate_limit("c", 10, 60, fail_closed=fail_closed)
+                    results.append((decision.allowed, time.monotonic() - started))
+    finally:
+        for sock in held:
+            sock.close()
+    assert [allowed for allowed, _ in results] == [not closed for closed in calls], results
+    times = [took for _, took in results]
+    assert max(times) < budget + 0.4, times
+    assert sum(times) < 2 * budget + 0.6, times
