@@ -267,16 +267,18 @@ def test_http_policy_reads_hold_the_budget_on_a_path_that_hangs(
     assert max(times) < BOUND, times
 
 
-#: Route classes of the middleware tests below: a fail-open class with one rate (the
-#: limiter's hot path), one with two rates (``hit``), and a fail-closed one.
-_CLASSES = (("open", "/open", "100/minute", True), ("multi", "/multi", "100/minute;1000/hour", True),
-            ("closed", "/closed", "100/minute", False))  # fmt: skip
+#: Route classes of the middleware tests below: a fail-closed one (asked first, while the
+#: first connection is still being made), a fail-open class with one rate (the limiter's
+#: hot path) and one with two rates (``hit``).
+_CLASSES = (("closed", "/closed", "100/minute", False), ("open", "/open", "100/minute", True),
+            ("multi", "/multi", "100/minute;1000/hour", True))  # fmt: skip
 
 
-def _own_limiter_config() -> Any:
+def _own_limiter_config(runtime_policies: bool) -> Any:
     from quota.http import HttpConfig, RoutePolicy
 
     return HttpConfig(
+        runtime_policies=runtime_policies,
         policies=[
             RoutePolicy(name=name, paths=[path], rates=rates, fail_open=fail_open)
             for name, path, rates, fail_open in _CLASSES
@@ -285,7 +287,7 @@ def _own_limiter_config() -> Any:
     )
 
 
-def _asgi_times(url: str) -> list[tuple[str, int, float]]:
+def _asgi_times(url: str, runtime_policies: bool) -> list[tuple[str, int, float]]:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse
@@ -298,7 +300,7 @@ def _asgi_times(url: str) -> list[tuple[str, int, float]]:
 
     routes = [Route(path, ok) for _, path, _, _ in _CLASSES]
     app = Starlette(routes=routes)
-    app.add_middleware(QuotaMiddleware, url=url, config=_own_limiter_config())
+    app.add_middleware(QuotaMiddleware, url=url, config=_own_limiter_config(runtime_policies))
 
     async def run() -> list[tuple[str, int, float]]:
         import httpx
@@ -316,7 +318,7 @@ def _asgi_times(url: str) -> list[tuple[str, int, float]]:
     return asyncio.run(asyncio.wait_for(run(), 30))
 
 
-def _wsgi_times(url: str) -> list[tuple[str, int, float]]:
+def _wsgi_times(url: str, runtime_policies: bool) -> list[tuple[str, int, float]]:
     from flask import Flask
 
     from quota.http.wsgi import QuotaWSGIMiddleware
@@ -324,7 +326,8 @@ def _wsgi_times(url: str) -> list[tuple[str, int, float]]:
     app = Flask(__name__)
     for name, path, _, _ in _CLASSES:
         app.add_url_rule(path, name, lambda: "ok")
-    middleware = QuotaWSGIMiddleware(app.wsgi_app, url=url, config=_own_limiter_config())
+    config = _own_limiter_config(runtime_policies)
+    middleware = QuotaWSGIMiddleware(app.wsgi_app, url=url, config=config)
     app.wsgi_app = middleware  # type: ignore[method-assign]
     client = app.test_client()
     times = []
@@ -339,13 +342,16 @@ def _wsgi_times(url: str) -> list[tuple[str, int, float]]:
     return times
 
 
+@pytest.mark.parametrize("runtime_policies", [True, False], ids=["policies", "no-policies"])
 @pytest.mark.parametrize("drive", [_asgi_times, _wsgi_times], ids=["asgi", "wsgi"])
-def test_a_middleware_of_its_own_on_a_listener_that_never_answers(drive: Any) -> None:
+def test_a_middleware_of_its_own_on_a_listener_that_never_answers(
+    drive: Any, runtime_policies: bool
+) -> None:
     """The middleware's own limiter answers every request at once, not only the first
     (main: 20 s a request, every request, on both faces)."""
     server, port = _silent_port()
     try:
-        times = drive(f"postgresql://root@127.0.0.1:{port}/x")
+        times = drive(f"postgresql://root@127.0.0.1:{port}/x", runtime_policies)
     finally:
         server.close()
     assert len(times) == 6

@@ -348,7 +348,10 @@ class AsyncResilientStore:
 
     @property
     def up(self) -> bool:
-        return self.health.up
+        """True while the store decides: False while it is down, and while its first
+        connection is being made (memory decides meanwhile)."""
+        warm = self._warm
+        return self.health.up and (warm is None or warm.done())
 
     async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         if self.health.up:
