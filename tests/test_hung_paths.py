@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -154,6 +155,42 @@ def test_sync_threads_on_a_path_that_hangs_return_within_the_budget(pg_url: str)
             limiter.close()
 
 
+def test_sync_batching_threads_on_a_path_that_hangs_return_within_the_budget(
+    pg_url: str,
+) -> None:
+    """Threads queued behind the batch in flight give up with it, instead of sending their
+    own batch down the same path (main: about four budgets)."""
+    budget = 0.6  # long enough for the extra budgets to stand out from the scheduling noise
+    key = f"hang-{uuid.uuid4().hex}"
+    with proxied(pg_url) as (proxy, url):
+        fallback = Fallback(timeout=budget, probe_interval=5)
+        limiter = quota.connect(url, fallback=fallback, pool_size=4, batching=True)
+        try:
+            for _ in range(20):
+                limiter.rate_limit(key, 10**6, 3600)
+            assert limiter.store.up  # type: ignore[attr-defined]
+            proxy.freeze()
+            times: list[float] = []
+            start = threading.Barrier(16)
+
+            def call() -> None:
+                start.wait(10)
+                started = time.monotonic()
+                assert limiter.rate_limit(key, 10**6, 3600).allowed
+                times.append(time.monotonic() - started)
+
+            threads = [threading.Thread(target=call) for _ in range(16)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert len(times) == 16
+            assert max(times) < 2 * budget + 0.4, sorted(times)
+            assert not limiter.store.up  # type: ignore[attr-defined]
+        finally:
+            limiter.close()
+
+
 def _silent_port() -> tuple[socket.socket, int]:
     server = socket.create_server(("127.0.0.1", 0), backlog=64)  # accepts (backlog), says nothing
     return server, int(server.getsockname()[1])
@@ -228,3 +265,176 @@ def test_http_policy_reads_hold_the_budget_on_a_path_that_hangs(
         finally:
             client.close()
     assert max(times) < BOUND, times
+
+
+#: Route classes of the middleware tests below: a fail-closed one (asked first, while the
+#: first connection is still being made), a fail-open class with one rate (the limiter's
+#: hot path) and one with two rates (``hit``).
+_CLASSES = (("closed", "/closed", "100/minute", False), ("open", "/open", "100/minute", True),
+            ("multi", "/multi", "100/minute;1000/hour", True))  # fmt: skip
+
+
+def _own_limiter_config(runtime_policies: bool) -> Any:
+    from quota.http import HttpConfig, RoutePolicy
+
+    return HttpConfig(
+        runtime_policies=runtime_policies,
+        policies=[
+            RoutePolicy(name=name, paths=[path], rates=rates, fail_open=fail_open)
+            for name, path, rates, fail_open in _CLASSES
+        ],
+        hash_secret="s" * 32,
+    )
+
+
+def _asgi_times(url: str, runtime_policies: bool) -> list[tuple[str, int, float]]:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from quota.http.asgi import QuotaMiddleware
+
+    async def ok(_request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    routes = [Route(path, ok) for _, path, _, _ in _CLASSES]
+    app = Starlette(routes=routes)
+    app.add_middleware(QuotaMiddleware, url=url, config=_own_limiter_config(runtime_policies))
+
+    async def run() -> list[tuple[str, int, float]]:
+        import httpx
+
+        times = []
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for _ in range(2):
+                for _, path, _, _ in _CLASSES:
+                    started = time.monotonic()
+                    status = (await client.get(path)).status_code
+                    times.append((path, status, time.monotonic() - started))
+        return times
+
+    return asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def _wsgi_times(url: str, runtime_policies: bool) -> list[tuple[str, int, float]]:
+    from flask import Flask
+
+    from quota.http.wsgi import QuotaWSGIMiddleware
+
+    app = Flask(__name__)
+    for name, path, _, _ in _CLASSES:
+        app.add_url_rule(path, name, lambda: "ok")
+    config = _own_limiter_config(runtime_policies)
+    middleware = QuotaWSGIMiddleware(app.wsgi_app, url=url, config=config)
+    app.wsgi_app = middleware  # type: ignore[method-assign]
+    client = app.test_client()
+    times = []
+    try:
+        for _ in range(2):
+            for _, path, _, _ in _CLASSES:
+                started = time.monotonic()
+                status = client.get(path).status_code
+                times.append((path, status, time.monotonic() - started))
+    finally:
+        middleware.limiter.close()
+    return times
+
+
+@pytest.mark.parametrize("runtime_policies", [True, False], ids=["policies", "no-policies"])
+@pytest.mark.parametrize("drive", [_asgi_times, _wsgi_times], ids=["asgi", "wsgi"])
+def test_a_middleware_of_its_own_on_a_listener_that_never_answers(
+    drive: Any, runtime_policies: bool
+) -> None:
+    """The middleware's own limiter answers every request at once, not only the first
+    (main: 20 s a request, every request, on both faces)."""
+    server, port = _silent_port()
+    try:
+        times = drive(f"postgresql://root@127.0.0.1:{port}/x", runtime_policies)
+    finally:
+        server.close()
+    assert len(times) == 6
+    assert max(took for _, _, took in times) < 1.0, times
+    # The first request finds the store down; the others do not wait for it again.
+    assert sum(took for _, _, took in times) < 1.5, times
+    for path, status, _ in times:
+        # The store cannot decide: fail-open classes pass, the fail-closed one is refused.
+        assert status == (503 if path == "/closed" else 200), times
+
+
+def test_a_sync_call_without_a_fallback_waits_its_timeout_once() -> None:
+    """Without a fallback the call raises after `timeout`, not once per connection attempt
+    (main: 2 s for a 1 s timeout, libpq trying with and without TLS)."""
+    server, port = _silent_port()
+    try:
+        with quota.connect(f"postgresql://root@127.0.0.1:{port}/x", timeout=1) as limiter:
+            started = time.monotonic()
+            with pytest.raises(quota.StorageError):
+                limiter.rate_limit("plain", 10, 60)
+            took = time.monotonic() - started
+    finally:
+        server.close()
+    assert took < 1.5, took
+
+
+def _unaccepted_port() -> tuple[list[socket.socket], int]:
+    """A listener whose accept queue is full: a TCP connect to it never completes."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = int(server.getsockname()[1])
+    held = [server]
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        held.append(filler)
+    return held, port
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+@pytest.mark.parametrize("listener", ["tcp-connect", "startup"])
+def test_later_calls_do_not_wait_again_for_a_connection_that_hangs(
+    face: str, listener: str
+) -> None:
+    """Whichever step of the connect hangs, the first calls wait for it at most twice the
+    budget in all, and later ones go straight to memory, or are refused when fail-closed
+    (main, async: every call waited one more budget until the connect timeout, 10 s)."""
+    budget = 0.25
+    if listener == "startup":
+        server, port = _silent_port()
+        held = [server]
+    else:
+        held, port = _unaccepted_port()
+    url = f"postgresql://root@127.0.0.1:{port}/x"
+    fallback = Fallback(timeout=budget, probe_interval=5)
+    calls = [False, True, False, True, False, True]  # fail_closed of each call
+
+    async def run_async() -> list[tuple[bool, float]]:
+        async with quota.connect_async(url, fallback=fallback) as limiter:
+            out = []
+            for fail_closed in calls:
+                started = time.monotonic()
+                decision = await limiter.rate_limit("c", 10, 60, fail_closed=fail_closed)
+                out.append((decision.allowed, time.monotonic() - started))
+            return out
+
+    try:
+        if face == "async":
+            results = asyncio.run(asyncio.wait_for(run_async(), 60))
+        else:
+            with quota.connect(url, fallback=fallback) as limiter:
+                results = []
+                for fail_closed in calls:
+                    started = time.monotonic()
+                    decision = limiter.rate_limit("c", 10, 60, fail_closed=fail_closed)
+                    results.append((decision.allowed, time.monotonic() - started))
+    finally:
+        for sock in held:
+            sock.close()
+    assert [allowed for allowed, _ in results] == [not closed for closed in calls], results
+    times = [took for _, took in results]
+    assert max(times) < budget + 0.4, times
+    assert sum(times) < 2 * budget + 0.6, times

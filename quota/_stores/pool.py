@@ -50,16 +50,20 @@ class SyncPool(Generic[C]):
     `open` makes a connection (its errors propagate), `close` closes one and
     must not raise. `wait_timeout` bounds the wait for a busy pool
     (`PoolTimeout`), `open_timeout` (None: no bound) the wait for a new connection. Connections idle for `idle_timeout` seconds are closed by
-    a daemon thread that the first `release` starts and `close` ends.
+    a daemon thread that the first `release` starts and `close` ends. `alive`
+    (None: not asked) tells an idle connection that may be lent from one that
+    died while it sat in the pool, which is closed instead.
     """
 
     def __init__(
         self, open: Callable[[], C], close: Callable[[C], None], *, size: int,
         wait_timeout: float, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         clock: Callable[[], float] = time.monotonic, open_timeout: float | None = None,
+        alive: Callable[[C], bool] | None = None,
     ) -> None:  # fmt: skip
         self._open_conn = open
         self._close_conn = close
+        self._alive = alive
         self.size = size
         self._wait_timeout = wait_timeout
         self._idle_timeout = idle_timeout
@@ -80,26 +84,46 @@ class SyncPool(Generic[C]):
     def acquire(self) -> C:
         """A connection of this pool's own; give it back with `release` or `discard`."""
         try:
-            return self._idle.pop()[0]
+            conn = self._idle.pop()[0]
         except IndexError:
             return self._acquire_slow()
+        if self._alive is None or self._alive(conn):
+            return conn
+        return self._replace(conn)
+
+    def _replace(self, dead: C) -> C:
+        """Close `dead` and every other idle connection found dead; lend a live one."""
+        while True:
+            self.discard(dead)
+            try:
+                conn = self._idle.pop()[0]
+            except IndexError:
+                return self._acquire_slow()
+            if self._alive is None or self._alive(conn):
+                return conn
+            dead = conn
 
     def _acquire_slow(self) -> C:
         deadline = self._clock() + self._wait_timeout
         while True:
+            idle: C | None = None
             with self._lock:
                 if self._closed:
                     raise StorageError("the connection pool is closed")
-                try:
-                    return self._idle.pop()[0]
-                except IndexError:
-                    pass
-                if self.opened < self.size:
+                if self._idle:
+                    idle = self._idle.pop()[0]
+                elif self.opened < self.size:
                     self.opened += 1
                     break
-                waiter: _Waiter[C] = _Waiter()
-                self._waiters.append(waiter)
-                self._waiting = len(self._waiters)
+                else:
+                    waiter: _Waiter[C] = _Waiter()
+                    self._waiters.append(waiter)
+                    self._waiting = len(self._waiters)
+            if idle is not None:
+                if self._alive is None or self._alive(idle):
+                    return idle
+                self.discard(idle)  # died while idle: its slot reopens below
+                continue
             # Released connections are handed to waiters in turn (no thread that
             # just gave one back takes it again ahead of them).
             waiter.ready.acquire(timeout=max(0.0, deadline - self._clock()))

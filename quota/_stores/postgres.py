@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import threading
 import time
 from collections import deque
@@ -209,14 +210,23 @@ class _Pool:
         return self._open
 
     def try_acquire(self) -> asyncpg.Connection | None:
-        """An idle connection without awaiting anything, or None."""
-        if self._idle:
-            return self._idle.pop()[0]
+        """An idle connection without awaiting anything, or None.
+
+        One the server closed while it sat idle (a restart, a failover,
+        ``pg_terminate_backend``, an idle timeout) is closed here instead of
+        being lent: nothing is ever sent on it.
+        """
+        while self._idle:
+            conn = self._idle.pop()[0]
+            if not conn.is_closed():
+                return conn
+            self.discard(conn)
         return None
 
     async def acquire(self) -> asyncpg.Connection:
-        if self._idle:
-            return self._idle.pop()[0]
+        conn = self.try_acquire()
+        if conn is not None:
+            return conn
         while True:
             if self._closed:
                 raise StorageError("the connection pool is closed")
@@ -812,12 +822,12 @@ class PostgresStore(_PostgresServer):
         self._pool = self._new_pool()
 
     def _new_pool(self) -> SyncPool[psycopg.Connection[Any]]:
-        # Under a fallback a call waits at most one budget for a new connection
-        # (libpq's connect_timeout cannot go below 2 s).
+        # A call waits at most one budget (without a fallback, the timeout) for a new
+        # connection: libpq's connect_timeout cannot go below 2 s, and it holds for
+        # each attempt (sslmode=prefer makes two on a server that never answers).
         return SyncPool(
             self._open, _close_quietly, size=self._pool_size, wait_timeout=self._wait_timeout,
-            idle_timeout=self._idle_timeout,
-            open_timeout=self._wait_timeout if self._watchdog is not None else None,
+            idle_timeout=self._idle_timeout, open_timeout=self._wait_timeout, alive=_alive,
         )  # fmt: skip
 
     def _open(self) -> psycopg.Connection[Any]:
@@ -983,6 +993,23 @@ class PostgresStore(_PostgresServer):
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = self._watchdog.renewed()
+
+
+def _alive(conn: psycopg.Connection[Any]) -> bool:
+    """False for an idle connection the server closed (or that has anything to read).
+
+    An idle connection in autocommit has nothing to read; a server that closed
+    it (a restart, a failover, ``pg_terminate_backend``, an idle timeout) has
+    sent its error and end of stream, which a poll that does not wait sees
+    before anything is sent on it.
+    """
+    if conn.closed:
+        return False
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except Exception:  # no socket any more (psycopg's OperationalError), or a bad one
+        return False
+    return not readable
 
 
 def _close_quietly(conn: Any) -> None:

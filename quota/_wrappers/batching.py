@@ -38,7 +38,10 @@ was sent **is counted** (the statement cannot be taken back), and the counts
 handed to the others are the same either way. A database error fails every
 caller of that batch with the exception the one-by-one path raises
 (`StorageError`, `SchemaError`); the statement is atomic, so none of its hits
-is counted.
+is counted. On the sync face an outage (a lost connection, a path that
+stopped answering, a timeout) also fails the callers queued behind that
+batch, unsent and uncounted, rather than sending their batch down the same
+path: under a fallback each is decided from memory within its budget.
 
 **Redis** (``redis://``; the dialects of `PIPELINED_DIALECTS`): a batch is
 one pipeline (`BATCH_HIT_REDIS`) of the very ``EVALSHA`` each hit runs one by
@@ -465,9 +468,12 @@ class BatchingStore:
                 self._busy = True
         if me is None:
             try:
-                return self.store.execute(statement, params)
-            finally:
-                self._hand_on()
+                rows = self.store.execute(statement, params)
+            except BaseException as exc:
+                self._hand_on(exc)
+                raise
+            self._hand_on()
+            return rows
         me.wake.acquire()
         if me.batch is not None:
             self._send(me.batch)
@@ -477,6 +483,7 @@ class BatchingStore:
         return me.result
 
     def _send(self, batch: list[_Waiter]) -> None:
+        failed: BaseException | None = None
         try:
             hits = [waiter.hit for waiter in batch]
             if len(hits) == 1:
@@ -491,21 +498,39 @@ class BatchingStore:
                     else:
                         waiter.result = [(count,)]
         except BaseException as exc:
+            failed = exc
             for waiter in batch:
                 waiter.error = exc
         finally:
             for waiter in batch[1:]:  # batch[0] is this thread
                 waiter.wake.release()
-            self._hand_on()
+            self._hand_on(failed)
 
-    def _hand_on(self) -> None:
-        """The statement in flight returned: wake the oldest waiter to send the queue, or go idle."""
+    def _hand_on(self, failed: BaseException | None = None) -> None:
+        """The statement in flight returned: wake the oldest waiter to send the queue, or go idle.
+
+        One that `failed` with an outage (a lost connection, a path that stopped
+        answering, a timeout) fails the queue with the same error, unsent (so
+        uncounted): the queue's batch would go down the same path, making its
+        callers wait a second time (a fallback decides them from memory).
+        """
+        stranded: list[_Waiter] = []
         with self._lock:
             if not self._queue:
                 self._busy = False
                 return
-            count = min(len(self._queue), self.max_batch)
-            batch = [self._queue.popleft() for _ in range(count)]
+            if isinstance(failed, StorageError) and failed.outage:
+                stranded = list(self._queue)
+                self._queue.clear()
+                self._busy = False
+            else:
+                count = min(len(self._queue), self.max_batch)
+                batch = [self._queue.popleft() for _ in range(count)]
+        if stranded:
+            for waiter in stranded:
+                waiter.error = failed
+                waiter.wake.release()
+            return
         batch[0].batch = batch
         batch[0].wake.release()
 

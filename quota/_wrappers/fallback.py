@@ -362,12 +362,16 @@ class AsyncResilientStore:
         self.health = _Health(url, settings)
         self._probe: asyncio.Task[None] | None = None
         self._warm: asyncio.Task[Rows] | None = None
+        self._warm_due = 0.0  # the loop's time by which the first connection must be up
         self._closed = False
         self._deadlines = _Deadlines(HUNG_AFTER_BUDGETS * settings.timeout)
 
     @property
     def up(self) -> bool:
-        return self.health.up
+        """True while the store decides: False while it is down, and while its first
+        connection is being made (memory decides meanwhile)."""
+        warm = self._warm
+        return self.health.up and (warm is None or warm.done())
 
     async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         if self.health.up:
@@ -407,17 +411,26 @@ class AsyncResilientStore:
     async def _warmed(self) -> bool:
         """Start the store (its first connection) without making a request wait past the budget.
 
-        The first call starts the connection in a task and waits for it at
-        most one budget; until it is done, memory decides. A failed start
-        marks the store down like any other failure.
+        The first call starts the connection in a task; each call waits for
+        it at most one budget, memory deciding meanwhile. A start that fails,
+        or is still not done `HUNG_AFTER_BUDGETS` budgets after it began (a
+        server that accepts and never answers), marks the store down like
+        any other failure: later calls do not wait for it again, and the
+        probe switches back once the store answers.
         """
+        loop = asyncio.get_running_loop()
+        budget = self.health.settings.timeout
         if self._warm is None:
-            self._warm = asyncio.get_running_loop().create_task(
-                self.primary.execute(_sql.SCHEMA_VERSION, ())
-            )
+            self._warm = loop.create_task(self.primary.execute(_sql.SCHEMA_VERSION, ()))
+            self._warm.add_done_callback(_retrieved)
+            self._warm_due = loop.time() + HUNG_AFTER_BUDGETS * budget
+        left = self._warm_due - loop.time()
         try:
-            await asyncio.wait_for(asyncio.shield(self._warm), self.health.settings.timeout)
+            await asyncio.wait_for(asyncio.shield(self._warm), max(0.0, min(budget, left)))
         except asyncio.TimeoutError:
+            if left <= budget:  # waited out the start's own deadline
+                seconds = HUNG_AFTER_BUDGETS * budget
+                self._down(StorageError(f"store {self.health.url} did not connect in {seconds:g}s"))
             return False
         except Exception as exc:
             self._down(exc)
@@ -504,6 +517,13 @@ class AsyncResilientStore:
                     await task
         await self.primary.aclose()
         await self.memory.aclose()
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Read a finished task's error: a start that failed after its callers stopped waiting
+    is reported by the probe, not as an error never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def retry_after_down(settings: Fallback) -> int:

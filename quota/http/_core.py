@@ -32,6 +32,7 @@ from quota._core.algorithms import Rate
 from quota._core.decision import Decision
 from quota._core.errors import ConfigurationError
 from quota._wrappers.abuse import AbuseDetector, AlertCallback
+from quota._wrappers.fallback import Fallback, StoreDown
 from quota._wrappers.metrics import Metrics as QuotaMetrics
 from quota.http._capacity import Plans, ScaledRates, SystemPressure
 from quota.http._config import DEFAULT_POLICY, SAFE_METHODS, HttpConfig, RoutePolicy
@@ -74,6 +75,11 @@ log = logging.getLogger("quota.http")
 #: Stores whose limiter a middleware opens with group commit: the SQL ones (one
 #: statement) and Redis (one pipeline); the memory store decides in the process.
 BATCHING_DIALECTS = frozenset({"sqlite", "postgresql", "redis", "redis-cluster"})
+#: Stores a middleware's own limiter reaches over the network, and the fallback it gets
+#: there: a database that stops answering (at any step, the connect included) costs one
+#: request at most twice the budget, and later requests nothing while it is down.
+OWN_FALLBACK_DIALECTS = frozenset({"postgresql"})
+OWN_FALLBACK = Fallback(timeout=0.25, probe_interval=1.0)
 #: Observer of metric events: ``observer(name, labels)``; see `HttpMetrics`.
 Observer = Callable[[str, Mapping[str, str]], None]
 #: What a middleware's ``observer=`` takes: a callable as above, or a
@@ -92,6 +98,9 @@ class Hit:
     scope: str = "caller"
     """Whose bucket: ``caller``, ``tenant`` (the caller's whole tenant) or ``ip``
     (the ceiling of unvalidated tokens sent from one client IP)."""
+    fail_closed: bool = False
+    """The class answers 503 when the limiter cannot decide: a limiter with a fallback
+    refuses this hit while its store is down instead of deciding it from memory."""
 
 
 class _LoadPolicies:
@@ -437,8 +446,9 @@ class Guard:
             scale *= pressure
         rates = self._scaled(rates, scale, cost)
         prefix = f"{config.key_prefix}:{route.name}:"
-        hit = Hit(prefix + f"{tier}:{identity.subject}", rates, cost)
         shadow = config.shadow or route.shadow
+        closed = not (fail_open or shadow)
+        hit = Hit(prefix + f"{tier}:{identity.subject}", rates, cost, fail_closed=closed)
         if unchecked_from is None and (route.tenant_bucket is None or identity.tenant is None):
             return Plan(route, identity, hit, fail_open, shadow)
         extra = []
@@ -448,7 +458,9 @@ class Guard:
             if plan_name is not None:
                 share *= config.plan_scales.get(plan_name, 1.0)
             tenant_rates = self._scaled(route.tenant_bucket, share, cost)
-            extra.append(Hit(prefix + "tenant:" + identity.tenant, tenant_rates, cost, "tenant"))
+            extra.append(
+                Hit(prefix + "tenant:" + identity.tenant, tenant_rates, cost, "tenant", closed)
+            )
         if unchecked_from is not None:
             ceiling = route.rates_for_tier(AUTH)
             share = pressure * (config.unvalidated_token_ceiling or 1.0)
@@ -456,7 +468,9 @@ class Guard:
                 ceiling = route.base_rates
                 share *= config.tier_multipliers.get(AUTH, 1.0)
             ceiling = self._scaled(ceiling, share, cost)
-            extra.append(Hit(prefix + "auth-ceiling:" + unchecked_from, ceiling, cost, "ip"))
+            extra.append(
+                Hit(prefix + "auth-ceiling:" + unchecked_from, ceiling, cost, "ip", closed)
+            )
         return Plan(route, identity, hit, fail_open, shadow, tuple(extra))
 
     def _pressure_now(self) -> float:
@@ -758,23 +772,45 @@ async def drive_async(
         return verdict
 
 
+def own_limiter_settings(dialect: str) -> dict[str, Any]:
+    """The settings of the limiter a middleware opens itself on a `dialect` store."""
+    settings: dict[str, Any] = {"batching": dialect in BATCHING_DIALECTS}
+    if dialect in OWN_FALLBACK_DIALECTS:
+        settings["fallback"] = OWN_FALLBACK
+    return settings
+
+
+def _store_down() -> StoreDown:
+    return StoreDown("the limiter's store is down (its fallback refuses fail-closed classes)")
+
+
 def sync_effects(limiter: Limiter) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
     """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`.
 
     A single rate goes through ``rate_limit`` (the limiter's hot path for a
-    fixed window), several through ``hit``.
+    fixed window), several through ``hit``. On a limiter with a fallback, a
+    fail-closed class's hit raises `StoreDown` while the store is down (the
+    class answers 503) instead of being decided from memory.
     """
     rate_limit, hit_many = limiter.rate_limit, limiter.hit
+    store, guarded = limiter.store, limiter.options.fallback is not None
 
     def hit(effect: Hit) -> Decision:
+        closed = effect.fail_closed and guarded
+        if closed and not store.up:
+            raise _store_down()
         rates = effect.rates
         if len(rates) == 1 and rates[0].refill_per_second is None:
             rate = rates[0]
-            return rate_limit(
+            decision = rate_limit(
                 effect.key, rate.limit, rate.window, cost=effect.cost,
-                algorithm=rate.algorithm, burst=rate.burst,
+                algorithm=rate.algorithm, burst=rate.burst, fail_closed=closed,
             )  # fmt: skip
-        return hit_many(effect.key, rates, cost=effect.cost)
+        else:
+            decision = hit_many(effect.key, rates, cost=effect.cost, fail_closed=closed)
+        if closed and not decision.allowed and not store.up:
+            raise _store_down()  # refused because this very call found the store down
+        return decision
 
     def load() -> Snapshot:
         # Under a fallback: held to its budget, refused while the store is down.
@@ -788,8 +824,27 @@ def async_effects(
 ) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
     """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`; see `sync_effects`."""
     rate_limit, hit_many = limiter.rate_limit, limiter.hit
+    store, guarded = limiter.store, limiter.options.fallback is not None
+
+    async def closed_hit(effect: Hit) -> Decision:
+        if not store.up:
+            raise _store_down()
+        rates = effect.rates
+        if len(rates) == 1 and rates[0].refill_per_second is None:
+            rate = rates[0]
+            decision = await rate_limit(
+                effect.key, rate.limit, rate.window, cost=effect.cost,
+                algorithm=rate.algorithm, burst=rate.burst, fail_closed=True,
+            )  # fmt: skip
+        else:
+            decision = await hit_many(effect.key, rates, cost=effect.cost, fail_closed=True)
+        if not decision.allowed and not store.up:
+            raise _store_down()
+        return decision
 
     def hit(effect: Hit) -> Awaitable[Decision]:
+        if effect.fail_closed and guarded:
+            return closed_hit(effect)
         rates = effect.rates
         if len(rates) == 1 and rates[0].refill_per_second is None:
             rate = rates[0]
@@ -816,4 +871,5 @@ __all__ = [
     "Plan",
     "Verdict",
     "build_guard",
+    "own_limiter_settings",
 ]

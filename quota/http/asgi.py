@@ -36,7 +36,6 @@ from quota._wrappers.abuse import AlertCallback
 from quota.http._capacity import Plans
 from quota.http._config import HttpConfig
 from quota.http._core import (
-    BATCHING_DIALECTS,
     Guard,
     GuardOptions,
     ObserverLike,
@@ -45,6 +44,7 @@ from quota.http._core import (
     build_guard,
     drive_async,
     drive_sync,
+    own_limiter_settings,
     sync_effects,
 )
 from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
@@ -146,7 +146,7 @@ class Limiters:
             # Group commit: the hits of concurrent requests share one statement
             # (counts stay exact), far fewer round trips under load.
             limiter = self._owned[loop] = connect_async(
-                self.url, batching=self.dialect in BATCHING_DIALECTS
+                self.url, **own_limiter_settings(self.dialect)
             )
         return limiter
 
@@ -226,7 +226,8 @@ class QuotaMiddleware:
     `limiter` is an `AsyncLimiter` (or a sync `Limiter`, run inline on the
     loop); without one, the middleware opens an async limiter with group
     commit (``batching=True``) on `url` (default ``$QUOTA_DATABASE_URL``,
-    else the embedded SQLite file). Pass your own built with
+    else the embedded SQLite file), on PostgreSQL with a fallback
+    (``Fallback(timeout=0.25)``). Pass your own built with
     ``quota.connect_async(url, batching=True)`` to share it or set options. `config`
     defaults to `HttpConfig.from_env` with a default class of 60/minute.
     Hooks: `identify` (the app's own tier), `token_validator`,

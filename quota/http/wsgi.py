@@ -22,12 +22,12 @@ from quota._wrappers.abuse import AlertCallback
 from quota.http._capacity import Plans
 from quota.http._config import HttpConfig
 from quota.http._core import (
-    BATCHING_DIALECTS,
     GuardOptions,
     ObserverLike,
     Verdict,
     build_guard,
     drive_sync,
+    own_limiter_settings,
     sync_effects,
 )
 from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
@@ -87,7 +87,8 @@ class QuotaWSGIMiddleware:
 
     `limiter` is a sync `quota.Limiter`; without one, the middleware opens
     one with group commit (``batching=True``) on `url` (default
-    ``$QUOTA_DATABASE_URL``, else the embedded SQLite file). Thread-safe.
+    ``$QUOTA_DATABASE_URL``, else the embedded SQLite file), on PostgreSQL
+    with a fallback (``Fallback(timeout=0.25)``). Thread-safe.
 
     CORS preflights pass through uncounted (flask-cors or the app answers
     them); a CORS extension runs inside the app, so quota's own 429/503 only
@@ -118,7 +119,7 @@ class QuotaWSGIMiddleware:
             url = url or default_url()
             dialect = parse_url(url).dialect
             # Group commit between the server's threads; a lone request goes out at once.
-            limiter = connect(url, batching=dialect in BATCHING_DIALECTS)
+            limiter = connect(url, **own_limiter_settings(dialect))
         self.limiter = limiter
         self.guard = build_guard(config, GuardOptions(
             identify=identify, token_validator=token_validator, response_factory=response_factory,
