@@ -643,3 +643,36 @@ def test_slowapi_on_quota(sql_url: str) -> None:
             assert client.get("/ping").status_code == 200
     finally:
         storage.close()
+
+
+def test_flask_limiter_config_command_shows_the_storage(sql_url: str) -> None:
+    """``flask limiter config`` prints the storage's backend (``storage.storage``) in its table."""
+    from flask_limiter.commands import cli as limiter_cli
+
+    app = flask.Flask("limited")
+    limiter = FlaskLimiter(lambda: "203.0.113.7", app=app, storage_uri="quota+" + sql_url)
+    storage = limiter.storage
+    assert isinstance(storage, QuotaStorage)
+    try:
+        result = app.test_cli_runner().invoke(limiter_cli, ["config"])
+        assert result.exit_code == 0, result.output
+        backend = str(storage.storage)
+        # The table is 80 columns wide: the backend fits in its cell, on one line.
+        assert any(backend in line for line in result.output.splitlines()), result.output
+        assert "OK" in result.output
+    finally:
+        storage.close()
+
+
+def test_both_storages_name_their_backend_briefly(sql_url: str) -> None:
+    """``storage.storage``, which every storage of limits has: the quota store, printed short."""
+    sync = QuotaStorage("quota+" + sql_url)
+    aio = AsyncQuotaStorage("async+quota+" + sql_url)
+    try:
+        assert sync.storage is sync.limiter.store
+        assert aio.storage is aio.limiter.store
+        for store in (sync.storage, aio.storage):
+            assert str(store) == f"<{type(store).__name__}>"
+    finally:
+        sync.close()
+        asyncio.run(aio.aclose())

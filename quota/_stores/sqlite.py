@@ -144,6 +144,10 @@ class _SQLiteFile:
         self._path = path
         self._busy_timeout = busy_timeout
 
+    def __repr__(self) -> str:
+        # Short and without the URL: `flask limiter config` prints it in an 80-column table.
+        return f"<{type(self).__name__}>"
+
 
 class SQLiteStore(_SQLiteFile):
     """Sync SQLite store: threads borrow `sqlite3` connections from a bounded pool.
