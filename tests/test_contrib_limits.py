@@ -207,6 +207,26 @@ def test_missing_tables_raise_schema_error_and_check_says_unhealthy(tmp_path: Pa
     with pytest.raises(limits.errors.StorageError) as caught:
         wrapped.get("k")
     assert isinstance(caught.value.storage_error, quota.SchemaError)
+    assert list(tmp_path.iterdir()) == []  # a mistyped path leaves no empty database behind
+
+
+def test_flask_limiter_on_a_missing_sqlite_file_creates_none(tmp_path: Path) -> None:
+    app = flask.Flask("limited")
+    path = tmp_path / "does-not-exist.db"
+    limiter = FlaskLimiter(
+        lambda: "203.0.113.7", app=app, storage_uri=f"quota+sqlite:///{path}",
+        default_limits=["3 per minute"],
+    )  # fmt: skip
+
+    @app.route("/ping")
+    def ping() -> str:
+        return "pong"
+
+    try:
+        assert app.test_client().get("/ping").status_code == 500
+    finally:
+        limiter.storage.close()  # type: ignore[attr-defined]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_check_is_false_when_the_server_is_unreachable() -> None:

@@ -21,7 +21,7 @@ import aiosqlite
 
 from quota._core.errors import ConfigurationError, StorageError
 from quota._sql import statements as _sql
-from quota._sql.schema import check_version, missing_objects_error
+from quota._sql.schema import check_version, missing_objects_error, missing_sqlite_file
 from quota._sql.statements import Statement
 from quota._stores.base import Op, Rows, adrive, drive
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT, SyncPool
@@ -144,6 +144,12 @@ class _SQLiteFile:
         self._path = path
         self._busy_timeout = busy_timeout
 
+    def _require_file(self) -> None:
+        """Raise `SchemaError` if the file is missing: connecting would create it empty."""
+        missing = missing_sqlite_file(self._path, self.url)
+        if missing is not None:
+            raise missing
+
     def __repr__(self) -> str:
         # Short and without the URL: `flask limiter config` prints it in an 80-column table.
         return f"<{type(self).__name__}>"
@@ -184,6 +190,7 @@ class SQLiteStore(_SQLiteFile):
         )  # fmt: skip
 
     def _open(self) -> sqlite3.Cursor:
+        self._require_file()
         conn = None
         try:
             conn = sqlite3.connect(
@@ -427,6 +434,7 @@ class AsyncSQLiteStore(_SQLiteFile):
 
         Runs as a task of its own (`_start`), which a cancelled caller waits out.
         """
+        self._require_file()
         path, timeout = self._path, self._busy_timeout
         pending = _Connection(
             lambda: sqlite3.connect(path, timeout=timeout, isolation_level=None),
