@@ -75,6 +75,30 @@ def check_seconds(name: str, value: object, *, maximum: int) -> int:
     return seconds
 
 
+def check_span(name: str, value: object, *, maximum: float = MAX_DURATION) -> float:
+    """`value` as seconds in ``(0, maximum]``, fractions allowed (a time to live, say).
+
+    Takes what `check_seconds` takes, and a finite float. Raises
+    `ConfigurationError` naming `name` and the value.
+    """
+    if isinstance(value, str):
+        seconds: float = parse_duration(name, value)
+    elif isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value
+    else:
+        raise ConfigurationError(
+            f"{name} must be seconds (a number), a duration like '5m' or a datetime.timedelta,"
+            f" got {value!r} ({type(value).__name__})"
+        )
+    if not 0 < seconds <= maximum:  # NaN fails too
+        raise ConfigurationError(
+            f"{name} must be above 0 and at most {maximum:g} seconds, got {value!r}"
+        )
+    return float(seconds)
+
+
 def check_now(now: object) -> float:
     """`now`, the time a clock reported, if it is finite epoch seconds in ``0..MAX_NOW``.
 
