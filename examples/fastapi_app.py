@@ -1,8 +1,8 @@
 """A small FastAPI app behind quota's ASGI middleware, on the embedded SQLite default.
 
     pip install 'quota[fastapi]' uvicorn
-    QUOTA_HASH_SECRET=$(python -c 'import secrets; print(secrets.token_urlsafe(32))') \\
-        uvicorn examples.fastapi_app:app
+    export QUOTA_HASH_SECRET=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')
+    uvicorn examples.fastapi_app:app
 
 Then ``curl -i localhost:8000/api/directory`` a few times and watch
 ``X-RateLimit-Remaining`` count down to a 429. Every number can be tuned from

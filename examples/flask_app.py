@@ -1,8 +1,8 @@
 """A small Flask app behind quota's WSGI middleware, on the embedded SQLite default.
 
     pip install 'quota[flask]'
-    QUOTA_HASH_SECRET=$(python -c 'import secrets; print(secrets.token_urlsafe(32))') \\
-        flask --app examples.flask_app run
+    export QUOTA_HASH_SECRET=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')
+    flask --app examples.flask_app run
 
 Then ``curl -i localhost:5000/api/directory`` a few times. The same
 environment variables and ``quota policy`` overrides apply as for the

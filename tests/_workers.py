@@ -8,6 +8,7 @@ on a barrier so that every process starts hammering at the same moment.
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import time
 import traceback
@@ -150,3 +151,44 @@ def cleanup_worker(barrier: Any, url: str, now: float, batch_size: int) -> dict[
         barrier.wait(timeout=BARRIER_TIMEOUT)
         result = limiter.cleanup(grace=0, batch_size=batch_size)
     return {"deleted": result.deleted, "skipped": result.skipped}
+
+
+def wal_worker(barrier: Any, url: str, path: str, face: str, seconds: float) -> tuple[int, int]:
+    """Hit fresh keys as fast as one process can for `seconds` (real time, real clock).
+
+    Returns (hits, the largest size of ``path``-wal seen, sampled every 50 hits).
+    """
+
+    def sample(peak: int) -> int:
+        try:
+            return max(peak, os.stat(path + "-wal").st_size)
+        except OSError:
+            return peak
+
+    async def hammer_async() -> tuple[int, int]:
+        async with quota.connect_async(url) as limiter:
+            await limiter.peek("warm", 10, 60)
+            barrier.wait(timeout=BARRIER_TIMEOUT)
+            hits, peak, end = 0, 0, time.monotonic() + seconds
+            while time.monotonic() < end:
+                await limiter.rate_limit(f"k{os.getpid()}-{hits % 20_000}", 10, 60)
+                hits += 1
+                if hits % 50 == 0:
+                    peak = sample(peak)
+            return hits, peak
+
+    if face == "async":
+        return asyncio.run(hammer_async())
+    limiter = quota.connect(url)
+    try:
+        limiter.peek("warm", 10, 60)
+        barrier.wait(timeout=BARRIER_TIMEOUT)
+        hits, peak, end = 0, 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            limiter.rate_limit(f"k{os.getpid()}-{hits % 20_000}", 10, 60)
+            hits += 1
+            if hits % 50 == 0:
+                peak = sample(peak)
+        return hits, peak
+    finally:
+        limiter.close()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from quota._cli import main
 
 import quota
+from quota._cli import main
 
 
 def _run(*args: str) -> tuple[int, str]:
@@ -70,6 +70,7 @@ def test_migrate_sql_prints_the_ddl_without_running_it(tmp_path: Path) -> None:
 
 
 def test_demo_runs_on_a_fresh_database_in_seconds(tmp_path: Path) -> None:
+    (tmp_path / "demo").mkdir()  # a new file, not a new directory: migrating makes none
     url = f"sqlite:///{tmp_path / 'demo' / 'q.db'}"
     started = time.monotonic()
     code, out = _run("--url", url, "demo")

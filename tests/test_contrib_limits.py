@@ -207,6 +207,26 @@ def test_missing_tables_raise_schema_error_and_check_says_unhealthy(tmp_path: Pa
     with pytest.raises(limits.errors.StorageError) as caught:
         wrapped.get("k")
     assert isinstance(caught.value.storage_error, quota.SchemaError)
+    assert list(tmp_path.iterdir()) == []  # a mistyped path leaves no empty database behind
+
+
+def test_flask_limiter_on_a_missing_sqlite_file_creates_none(tmp_path: Path) -> None:
+    app = flask.Flask("limited")
+    path = tmp_path / "does-not-exist.db"
+    limiter = FlaskLimiter(
+        lambda: "203.0.113.7", app=app, storage_uri=f"quota+sqlite:///{path}",
+        default_limits=["3 per minute"],
+    )  # fmt: skip
+
+    @app.route("/ping")
+    def ping() -> str:
+        return "pong"
+
+    try:
+        assert app.test_client().get("/ping").status_code == 500
+    finally:
+        limiter.storage.close()  # type: ignore[attr-defined]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_check_is_false_when_the_server_is_unreachable() -> None:
@@ -643,3 +663,36 @@ def test_slowapi_on_quota(sql_url: str) -> None:
             assert client.get("/ping").status_code == 200
     finally:
         storage.close()
+
+
+def test_flask_limiter_config_command_shows_the_storage(sql_url: str) -> None:
+    """``flask limiter config`` prints the storage's backend (``storage.storage``) in its table."""
+    from flask_limiter.commands import cli as limiter_cli
+
+    app = flask.Flask("limited")
+    limiter = FlaskLimiter(lambda: "203.0.113.7", app=app, storage_uri="quota+" + sql_url)
+    storage = limiter.storage
+    assert isinstance(storage, QuotaStorage)
+    try:
+        result = app.test_cli_runner().invoke(limiter_cli, ["config"])
+        assert result.exit_code == 0, result.output
+        backend = str(storage.storage)
+        # The table is 80 columns wide: the backend fits in its cell, on one line.
+        assert any(backend in line for line in result.output.splitlines()), result.output
+        assert "OK" in result.output
+    finally:
+        storage.close()
+
+
+def test_both_storages_name_their_backend_briefly(sql_url: str) -> None:
+    """``storage.storage``, which every storage of limits has: the quota store, printed short."""
+    sync = QuotaStorage("quota+" + sql_url)
+    aio = AsyncQuotaStorage("async+quota+" + sql_url)
+    try:
+        assert sync.storage is sync.limiter.store
+        assert aio.storage is aio.limiter.store
+        for store in (sync.storage, aio.storage):
+            assert str(store) == f"<{type(store).__name__}>"
+    finally:
+        sync.close()
+        asyncio.run(aio.aclose())

@@ -441,6 +441,27 @@ def test_a_plan_is_scaled_until_it_expires() -> None:
     assert plans.plan(None) is None
 
 
+def test_a_plan_ttl_is_taken_as_a_duration_or_a_timedelta_too() -> None:
+    import datetime as dt
+
+    now = [0.0]
+    plans = Plans(ttl="1m", clock=lambda: now[0])
+    plans.seed("a", "pro")
+    plans.seed("b", "pro", ttl=dt.timedelta(seconds=30))
+    plans.seed("c", "pro", ttl="2m")
+    now[0] = 45
+    assert [plans.plan(t) for t in "abc"] == ["pro", None, "pro"]
+    now[0] = 90
+    assert [plans.plan(t) for t in "abc"] == [None, None, "pro"]
+    for bad in (0, -1, "soon", "0", dt.timedelta(0), float("nan"), True, None):
+        with pytest.raises(quota.ConfigurationError) as info:
+            Plans(ttl=bad)  # type: ignore[arg-type]
+        assert "ttl" in str(info.value) and repr(bad) in str(info.value)
+        if bad is not None:
+            with pytest.raises(quota.ConfigurationError, match="ttl"):
+                plans.seed("d", "pro", ttl=bad)  # type: ignore[arg-type]
+
+
 def test_pressure_is_an_ewma_sampled_at_most_once_per_interval() -> None:
     now = [0.0]
     readings = iter([1.0, 0.0, 0.0])

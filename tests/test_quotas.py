@@ -311,7 +311,21 @@ def _names(exc: BaseException, argument: str, value: object) -> None:
 
 @pytest.mark.parametrize(
     "period",
-    ["daily", "Day", "", "1d", 0, -60, 1.5, 86400.0, True, None, _periods.MAX_PERIOD_SECONDS + 1],
+    # ("1d" is a duration, as `quota usage --period 1d` takes it: 86400 seconds.)
+    [
+        "daily",
+        "Day",
+        "",
+        "1x",
+        "0d",
+        0,
+        -60,
+        1.5,
+        86400.0,
+        True,
+        None,
+        _periods.MAX_PERIOD_SECONDS + 1,
+    ],
 )
 def test_an_unknown_period_is_rejected_naming_it(offline: Offline, period: object) -> None:
     for call in (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import re
@@ -270,6 +271,7 @@ def test_alembic_upgrade_head_from_the_checkout(tmp_path: Path, head: str) -> No
 
 def test_the_command_a_schema_error_names_fixes_the_database(tmp_path: Path, head: str) -> None:
     from click.testing import CliRunner
+
     from quota._cli import main
 
     url = f"sqlite:///{tmp_path / 'advice.db'}"
@@ -524,8 +526,8 @@ def test_the_command_a_drift_error_names_reports_the_missing_table(
 ) -> None:
     """The advice leads somewhere: `quota doctor` names the table and its restore."""
     from click.testing import CliRunner
-    from quota._cli import main
 
+    from quota._cli import main
     from quota._sql.schema import missing_objects_error
 
     url = f"sqlite:///{tmp_path / 'drift.db'}"
@@ -573,3 +575,60 @@ def test_a_table_missing_at_head_is_schema_drift_pointing_at_doctor(
         assert "quota doctor --url" in str(info.value)
         assert "quota migrate" not in str(info.value)
         assert info.value.__cause__ is not None
+
+
+# --- A SQLite file that does not exist: only `migrate` creates one, never directories ------
+
+
+def _files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+@pytest.mark.parametrize("where", ["missing.db", "no/such/dir/q.db"])
+def test_a_mistyped_sqlite_path_creates_nothing_and_says_to_migrate(
+    tmp_path: Path, face: str, where: str
+) -> None:
+    path = tmp_path / where
+    url = f"sqlite:///{path}"
+    before = _files_under(tmp_path)
+    if face == "sync":
+        limiter = quota.connect(url)
+        with pytest.raises(quota.SchemaError) as caught:
+            limiter.rate_limit("k", 1, 60)
+        limiter.close()
+    else:
+
+        async def first_use() -> None:
+            limiter = quota.connect_async(url)
+            try:
+                await limiter.rate_limit("k", 1, 60)
+            finally:
+                await limiter.aclose()
+
+        with pytest.raises(quota.SchemaError) as caught:
+            asyncio.run(first_use())
+    assert f"no SQLite file at {path}" in str(caught.value)
+    assert "quota migrate" in str(caught.value)
+    assert _files_under(tmp_path) == before
+
+
+def test_migrate_creates_the_file_but_not_its_directory(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from quota._cli import main
+
+    path = tmp_path / "nonexistent" / "dir" / "q.db"
+    url = f"sqlite:///{path}"
+    with pytest.raises(quota.ConfigurationError, match=re.escape(str(path.parent))):
+        quota.migrate(url)
+    result = CliRunner().invoke(main, ["--url", url, "migrate"])
+    assert result.exit_code != 0 and str(path.parent) in result.output, result.output
+    assert _files_under(tmp_path) == []
+    assert quota.current_revision(f"sqlite:///{tmp_path / 'missing.db'}") is None
+    with pytest.raises(quota.SchemaError, match="quota migrate"):
+        quota.downgrade(f"sqlite:///{tmp_path / 'missing.db'}", revision="base")
+    assert _files_under(tmp_path) == []
+    path.parent.mkdir(parents=True)
+    quota.migrate(url)
+    assert quota.connect(url).rate_limit("k", 1, 60).allowed

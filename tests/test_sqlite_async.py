@@ -270,3 +270,32 @@ def test_the_switch_to_wal_is_retried_while_another_connection_holds_the_file(
     fresh = sqlite3.connect(path)
     assert fresh.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # the file's mode
     fresh.close()
+
+
+#: The bound the WAL of a file hammered by several processes stays under (docs/databases.md).
+WAL_BOUND = 64 * 1024 * 1024
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_processes_saturating_one_file_keep_its_wal_bounded(tmp_path: Path, face: str) -> None:
+    """Four processes writing as fast as they can: the WAL is checkpointed and cut back,
+    never growing with the load (without that it reached hundreds of MB in seconds)."""
+    import multiprocessing
+
+    from tests import _workers
+
+    path = str(tmp_path / "busy.db")
+    url = f"sqlite:///{path}"
+    quota.migrate(url)
+    results = _workers.run_processes(
+        multiprocessing.get_context("spawn"),
+        _workers.wal_worker,
+        [(url, path, face, 5.0)] * 4,
+    )
+    hits = sum(h for h, _ in results)
+    peak = max(p for _, p in results)
+    assert hits > 1000, results  # the file was busy
+    assert peak < WAL_BOUND, f"the WAL reached {peak / 2**20:.0f} MiB after {hits} hits"
+    after = os.stat(path + "-wal").st_size if os.path.exists(path + "-wal") else 0
+    assert after < WAL_BOUND

@@ -7,6 +7,7 @@ every backend, and distinct strings never share a counter.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import re
 from collections.abc import Callable
@@ -63,8 +64,15 @@ def test_a_limit_that_is_not_a_positive_int_is_rejected(backend: Backend, limit:
     assert backend.peek("k", 5, 60).count == 0
 
 
+BAD_WINDOWS = [0, -1, 1.5, 60.0, True, "0", "1x", "-1m", "367d", dt.timedelta(0),
+               dt.timedelta(seconds=1.5), dt.timedelta(days=367), b"60"]  # fmt: skip
+BAD_WINDOW_IDS = ["zero", "negative", "float", "whole-float", "True", "str-zero", "str-unit",
+                  "str-negative", "str-over-366-days", "timedelta-zero", "timedelta-fraction",
+                  "timedelta-over-366-days", "bytes"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "window", [*BAD_NUMBERS, MAX_WINDOW + 1], ids=[*BAD_NUMBER_IDS, "over-366-days"]
+    "window", [*BAD_WINDOWS, MAX_WINDOW + 1], ids=[*BAD_WINDOW_IDS, "over-366-days"]
 )
 def test_a_window_that_is_not_a_positive_int_up_to_366_days_is_rejected(
     backend: Backend, window: object
@@ -73,10 +81,51 @@ def test_a_window_that_is_not_a_positive_int_up_to_366_days_is_rejected(
         lambda: backend.rate_limit("k", 5, window),
         lambda: backend.peek("k", 5, window),
         lambda: backend.reset("k", window=window),
+        lambda: quota.Rate(limit=5, window=window),  # type: ignore[arg-type]
+        lambda: quota.RateWindow("k", 5, window),  # type: ignore[arg-type]
     ):
         with pytest.raises(quota.ConfigurationError) as info:
             call()
         _assert_names(info.value, "window", window)
+
+
+@pytest.mark.parametrize(
+    "window", ["1m", "60", "60s", " 1M ", dt.timedelta(minutes=1), dt.timedelta(seconds=60.0)]
+)
+def test_a_window_is_taken_as_the_command_line_takes_it_or_a_timedelta(
+    backend: Backend, window: object
+) -> None:
+    """`quota hit -w 1m` and `rate_limit(key, 2, "1m")` count the same 60-second window."""
+    assert quota.Rate(limit=2, window=window).window == 60  # type: ignore[arg-type]
+    assert quota.RateWindow("k", 2, window).window == 60  # type: ignore[arg-type]
+    assert [backend.rate_limit("k", 2, window).allowed for _ in range(2)] == [True, True]
+    denied = backend.rate_limit("k", 2, 60)
+    assert (denied.allowed, denied.window, denied.count) == (False, 60, 3)
+    assert backend.peek("k", 2, window).count == 3
+    assert backend.peek("k", 2, window, algorithm="sliding_window").limit == 2
+    assert backend.hit("k", quota.Rate(limit=2, window=window)).window == 60  # type: ignore[arg-type]
+    assert backend.reset("k", window) >= 1
+    assert backend.peek("k", 2, 60).count == 0
+
+
+def test_a_quota_period_and_an_abuse_window_take_durations_too(sqlite_url: str) -> None:
+    assert quota.QuotaLimit("s", "n", 1, "30d").period == 30 * 86400
+    assert quota.QuotaLimit("s", "n", 1, dt.timedelta(hours=12)).period == 12 * 3600  # type: ignore[arg-type]
+    assert quota.QuotaLimit("s", "n", 1, "month").period == "month"
+    for bad in ("fortnight", "0", dt.timedelta(seconds=0.5), 1.5):
+        with pytest.raises(quota.ConfigurationError) as info:
+            quota.QuotaLimit("s", "n", 1, bad)  # type: ignore[arg-type]
+        _assert_names(info.value, "period", bad)
+    limiter = quota.connect(sqlite_url)
+    charged = limiter.consume_quota("s", "n", 2, "1h")
+    assert charged.resets_at - charged.period_start == 3600
+    assert limiter.consume_quota("s", "n", 2, 3600).used == 2  # the same quota, charged twice
+    limiter.close()
+    detector = quota.AbuseDetector(threshold=3, window="1m", interval=dt.timedelta(minutes=15))
+    assert (detector.window, detector.interval) == (60, 900)
+    with pytest.raises(quota.ConfigurationError) as info:
+        quota.AbuseDetector(threshold=3, window="1x", interval=900)
+    _assert_names(info.value, "window", "1x")
 
 
 def test_a_window_of_exactly_366_days_is_accepted(backend: Backend) -> None:

@@ -12,9 +12,12 @@ import ast
 import configparser
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -85,6 +88,11 @@ def test_the_wheel_carries_migrations_and_cli_inside_the_package(wheel: Path) ->
     assert "quota/_migrations/script.py.mako" in names
     assert any(n.startswith("quota/_migrations/versions/") and n.endswith(".py") for n in names)
     assert "quota/_cli/__init__.py" in names
+    # The folders themselves, not the checkout's stand-ins in quota/_cli and quota/_migrations.
+    with zipfile.ZipFile(wheel) as archive:
+        for package, folder in (("_cli", "cli"), ("_migrations", "migrations")):
+            carried = archive.read(f"quota/{package}/__init__.py").decode()
+            assert carried == (REPO / folder / "__init__.py").read_text(), package
     assert "quota/py.typed" in names
     top_level = {n.split("/", 1)[0] for n in names}
     assert {t for t in top_level if not t.endswith(".dist-info")} == {"quota"}
@@ -153,3 +161,82 @@ def test_the_installed_wheel_migrates_and_rate_limits(wheel: Path, tmp_path: Pat
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
     denied = _run([quota_cmd, *hit], cwd=tmp_path)
     assert denied.returncode == 4, denied.stdout + denied.stderr
+
+
+def _checkout_copy(root: Path) -> Path:
+    """The working tree as a user's checkout is after ``pip install .``: sources, no venv."""
+    checkout = root / "checkout"
+    shutil.copytree(
+        REPO,
+        checkout,
+        ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "*.egg-info", "__pycache__", ".venv", "*.sqlite3*",
+            ".pytest_cache", ".ruff_cache", ".mypy_cache",
+        ),
+    )  # fmt: skip
+    return checkout
+
+
+def test_the_examples_run_from_the_checkout_root_with_the_wheel_installed(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """README's way: ``pip install .``, then the examples from the checkout's root, where
+    the checkout's ``quota/`` comes before the installed one on ``sys.path``."""
+    venv = tmp_path / "venv"
+    done = _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    python = venv / "bin" / "python"
+    install = [python, "-m", "pip", "install", f"{wheel}[fastapi,flask]", "uvicorn"]
+    _pip_step(_run(install, cwd=tmp_path), "pip install the wheel with the examples' extras")
+    checkout = _checkout_copy(tmp_path)
+    env = {
+        "QUOTA_HASH_SECRET": "s" * 32,
+        "QUOTA_DATABASE_URL": f"sqlite:///{tmp_path / 'examples.db'}",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+    flask_app = (
+        "import quota, examples.flask_app as m;"
+        " print(quota.__file__);"
+        " print([m.app.test_client().get('/api/directory').status_code for _ in range(2)])"
+    )
+    ran = subprocess.run(
+        [python, "-c", flask_app], cwd=checkout, env={**os.environ, **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    where, statuses = ran.stdout.strip().splitlines()[-2:]
+    assert Path(where).is_relative_to(checkout)  # the checkout's quota/, as the user gets it
+    assert statuses == "[200, 200]"
+
+    migrate = _run(
+        [venv / "bin" / "quota", "--url", env["QUOTA_DATABASE_URL"], "migrate"], checkout
+    )
+    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    log = tmp_path / "uvicorn.log"
+    with log.open("w") as output:
+        server = subprocess.Popen(
+            [venv / "bin" / "uvicorn", "examples.fastapi_app:app", "--fd", str(listener.fileno())],
+            cwd=checkout, env={**os.environ, **env}, pass_fds=[listener.fileno()],
+            stdout=output, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    listener.close()
+    try:
+        status, deadline = None, time.monotonic() + 60
+        while status is None and time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/api/directory", timeout=5
+                ) as r:
+                    status = r.status
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+        assert status == 200, log.read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -37,6 +37,7 @@ from quota._core.decision import (
     Decision,
     _decision,
     check_int,
+    check_seconds,
     decide,
     hit_params,
     stored_key,
@@ -82,7 +83,8 @@ class Rate:
     limit: int
     """Hits allowed per window."""
     window: int
-    """Window length in seconds."""
+    """Window length in seconds (also taken as a duration like ``"30m"`` or a
+    `datetime.timedelta`, kept as seconds)."""
     algorithm: str = FIXED_WINDOW
     """One of ``fixed_window``, ``sliding_window``, ``token_bucket``, ``gcra``."""
     burst: int | None = None
@@ -92,6 +94,9 @@ class Rate:
 
     def __post_init__(self) -> None:
         check_int("limit", self.limit, maximum=MAX_LIMIT)
+        if type(self.window) is not int:
+            window = check_seconds("window", self.window, maximum=MAX_WINDOW)
+            object.__setattr__(self, "window", window)
         check_int("window", self.window, maximum=MAX_WINDOW)
         check_algorithm(self.algorithm)
         if self.burst is not None:

@@ -8,6 +8,7 @@ sync and async limiters are thin drivers around these functions.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import math
 import re
@@ -40,6 +41,62 @@ def check_int(name: str, value: object, *, maximum: int) -> int:
     if not 1 <= value <= maximum:
         raise ConfigurationError(f"{name} must be between 1 and {maximum}, got {value!r}")
     return value
+
+
+#: A length of time as the public API takes it: whole seconds, a duration string the
+#: command line takes (``"30m"``), or a `datetime.timedelta` (see `check_seconds`).
+Duration = int | str | dt.timedelta
+
+
+def check_seconds(name: str, value: object, *, maximum: int) -> int:
+    """`value` as whole seconds in ``1..maximum``; raise `ConfigurationError` naming `name`.
+
+    The public API takes a window, period or interval in any of the forms the
+    command line takes: an int of seconds, a duration string (``"90"``,
+    ``"45s"``, ``"30m"``, ``"12h"``, ``"400d"``, ``"2w"``: `parse_duration`) or a
+    `datetime.timedelta` of whole seconds.
+    """
+    if type(value) is int:
+        seconds = value
+    elif isinstance(value, str):
+        seconds = parse_duration(name, value)
+    elif isinstance(value, dt.timedelta):
+        whole, rest = divmod(value, dt.timedelta(seconds=1))
+        if rest:
+            raise ConfigurationError(f"{name} must be whole seconds, got {value!r}")
+        seconds = whole
+    else:
+        raise ConfigurationError(
+            f"{name} must be whole seconds (an int), a duration like '30m' or a"
+            f" datetime.timedelta, got {value!r} ({type(value).__name__})"
+        )
+    if not 1 <= seconds <= maximum:
+        raise ConfigurationError(f"{name} must be between 1 and {maximum} seconds, got {value!r}")
+    return seconds
+
+
+def check_span(name: str, value: object, *, maximum: float = MAX_DURATION) -> float:
+    """`value` as seconds in ``(0, maximum]``, fractions allowed (a time to live, say).
+
+    Takes what `check_seconds` takes, and a finite float. Raises
+    `ConfigurationError` naming `name` and the value.
+    """
+    if isinstance(value, str):
+        seconds: float = parse_duration(name, value)
+    elif isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value
+    else:
+        raise ConfigurationError(
+            f"{name} must be seconds (a number), a duration like '5m' or a datetime.timedelta,"
+            f" got {value!r} ({type(value).__name__})"
+        )
+    if not 0 < seconds <= maximum:  # NaN fails too
+        raise ConfigurationError(
+            f"{name} must be above 0 and at most {maximum:g} seconds, got {value!r}"
+        )
+    return float(seconds)
 
 
 def check_now(now: object) -> float:

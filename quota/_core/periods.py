@@ -17,6 +17,7 @@ import datetime as dt
 import math
 import zoneinfo
 
+from quota._core.decision import check_seconds
 from quota._core.errors import ConfigurationError
 
 DAY = "day"
@@ -32,14 +33,22 @@ Zone = zoneinfo.ZoneInfo | dt.timezone
 
 
 def check_period(period: object) -> Period:
-    """Return `period` if it is a calendar period name or seconds; raise `ConfigurationError` naming it."""
-    if type(period) is str:
-        if period in CALENDAR:
-            return period
-        raise ConfigurationError(
-            f"period must be one of {', '.join(repr(p) for p in CALENDAR)} or a positive whole"
-            f" number of seconds, got {period!r}"
-        )
+    """`period` as a calendar period name or whole seconds; raise `ConfigurationError` naming it.
+
+    Seconds may be given as a duration the command line takes (``"30d"``,
+    ``"12h"``) or a `datetime.timedelta`; they come back as an int.
+    """
+    if type(period) is str and period in CALENDAR:
+        return period
+    if isinstance(period, (str, dt.timedelta)):
+        try:
+            return check_seconds("period", period, maximum=MAX_PERIOD_SECONDS)
+        except ConfigurationError:
+            raise ConfigurationError(
+                f"period must be one of {', '.join(repr(p) for p in CALENDAR)} or whole seconds"
+                f" between 1 and {MAX_PERIOD_SECONDS} (an int, a duration like '30d' or a"
+                f" datetime.timedelta), got {period!r}"
+            ) from None
     # bool is an int subclass; True as a period is always a mistake.
     if type(period) is not int or not 1 <= period <= MAX_PERIOD_SECONDS:
         raise ConfigurationError(

@@ -23,7 +23,8 @@ from quota._core.algorithms import FIXED_WINDOW, Rate, closed_decision
 from quota._core.decision import (
     MAX_WINDOW,
     Decision,
-    check_int,
+    Duration,
+    check_seconds,
     decide,
     decide_uncounted,
     hit_params,
@@ -82,10 +83,13 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
     """
 
     async def rate_limit(
-        self, key: str, limit: int, window: int, *, cost: int = 1,
+        self, key: str, limit: int, window: Duration, *, cost: int = 1,
         algorithm: str = FIXED_WINDOW, burst: int | None = None, fail_closed: bool = False,
     ) -> Decision:  # fmt: skip
         """Count one hit on `key` and decide: at most `limit` hits per `window` seconds.
+
+        `window` is seconds, or a duration as the command line takes it (``"30m"``,
+        ``"12h"``) or a `datetime.timedelta`.
 
         `algorithm` is ``fixed_window`` (windows aligned to the epoch; the
         default), ``sliding_window``, ``token_bucket`` or ``gcra``; `burst` is
@@ -96,6 +100,8 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         (see `quota.connect_async`) it never raises for the database: memory
         decides while it is down, and a `fail_closed` call is denied instead.
         """
+        if window.__class__ is not int:
+            window = check_seconds("window", window, maximum=MAX_WINDOW)
         if algorithm != FIXED_WINDOW or not self._fast or fail_closed:
             return await self._decide(
                 key, rate_of(limit, window, algorithm, burst), cost, fail_closed
@@ -321,20 +327,20 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         yield await self.acquire(key, rates, cost=cost, timeout=timeout)
 
     async def peek(
-        self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
+        self, key: str, limit: int, window: Duration, *, algorithm: str = FIXED_WINDOW,
         burst: int | None = None,
     ) -> Decision:  # fmt: skip
         """`key`'s state under this limit, without counting a hit (the app clock decides).
 
         ``allowed`` says whether one more hit would pass right now.
         """
-        rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+        rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)  # type: ignore[arg-type]
         return await self.store.run(_ops.peek(key, rate, self._clock()), transaction=False)
 
-    async def reset(self, key: str, window: int | None = None) -> int:
+    async def reset(self, key: str, window: Duration | None = None) -> int:
         """Forget `key`'s counts (only for windows of `window` seconds if given); return rows deleted."""
         if window is not None:
-            check_int("window", window, maximum=MAX_WINDOW)
+            window = check_seconds("window", window, maximum=MAX_WINDOW)
         return await self.store.run(_ops.reset(stored_key(key), window), transaction=False)
 
     async def top(self, n: int = 10) -> list[Usage]:
@@ -357,14 +363,15 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
     # -- durable quotas (quota._limiter.quotas): one transaction each ------------------------------
 
     async def consume_quota(
-        self, subject: str, name: str, limit: int, period: str | int, cost: int = 1,
+        self, subject: str, name: str, limit: int, period: Duration, cost: int = 1,
         idempotency_key: str | None = None, tz: str | None = None,
     ) -> QuotaDecision:  # fmt: skip
         """Charge `cost` units of `subject`'s quota `name`, allowing at most `limit` per `period`.
 
         `period` is ``"day"``, ``"week"`` (ISO, from Monday) or ``"month"``,
         aligned to the calendar of time zone `tz` (an IANA name; UTC when
-        None), or a whole number of seconds aligned to the epoch. A denial
+        None), or whole seconds aligned to the epoch (an int, a duration like
+        ``"30d"`` or a `datetime.timedelta`). A denial
         charges nothing. With `idempotency_key`, every retry (from any
         process, after any restart) gets the original decision back, marked
         ``replayed``, and the charge is made once. The usage and its ledger
@@ -390,7 +397,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         return await arun(self.store, make(), again=make)
 
     async def grant_quota(
-        self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
+        self, subject: str, name: str, amount: int, period: Duration, tz: str | None = None
     ) -> QuotaUsage:
         """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
         make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())

@@ -11,7 +11,7 @@ import asyncio
 import threading
 import weakref
 
-from quota._core.decision import Decision
+from quota._core.decision import Decision, Duration
 from quota._limiter import AsyncLimiter, Limiter, connect, connect_async
 from quota._stores.url import default_url
 
@@ -40,11 +40,11 @@ def default_async_limiter() -> AsyncLimiter:
     return limiter
 
 
-def rate_limit(key: str, limit: int, window: int, *, cost: int = 1) -> Decision:
+def rate_limit(key: str, limit: int, window: Duration, *, cost: int = 1) -> Decision:
     """`Limiter.rate_limit` on the default limiter."""
     return default_limiter().rate_limit(key, limit, window, cost=cost)
 
 
-async def rate_limit_async(key: str, limit: int, window: int, *, cost: int = 1) -> Decision:
+async def rate_limit_async(key: str, limit: int, window: Duration, *, cost: int = 1) -> Decision:
     """`AsyncLimiter.rate_limit` on the default async limiter."""
     return await default_async_limiter().rate_limit(key, limit, window, cost=cost)

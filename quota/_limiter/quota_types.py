@@ -15,6 +15,7 @@ from quota._core.decision import (
     MAX_WINDOW,
     Decision,
     check_int,
+    check_seconds,
 )
 from quota._core.decision import stored_key as _stored_key
 from quota._core.errors import ConfigurationError, QuotaError, StorageError
@@ -187,12 +188,13 @@ class RateWindow:
     limit: int
     """Hits allowed per window."""
     window: int
-    """Window length in seconds."""
+    """Window length in seconds (also taken as a duration like ``"30m"`` or a
+    `datetime.timedelta`, kept as seconds)."""
 
     def __post_init__(self) -> None:
         _stored_key(self.key)
         check_int("limit", self.limit, maximum=MAX_LIMIT)
-        check_int("window", self.window, maximum=MAX_WINDOW)
+        object.__setattr__(self, "window", check_seconds("window", self.window, maximum=MAX_WINDOW))
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,8 @@ class QuotaLimit:
         check_text("subject", self.subject)
         check_text("name", self.name)
         check_int("limit", self.limit, maximum=MAX_QUOTA_LIMIT)
-        _periods.load_zone(self.tz, _periods.check_period(self.period))
+        object.__setattr__(self, "period", _periods.check_period(self.period))
+        _periods.load_zone(self.tz, self.period)
 
 
 Limit = RateWindow | QuotaLimit

@@ -25,7 +25,8 @@ from quota._core.algorithms import FIXED_WINDOW, Rate, closed_decision
 from quota._core.decision import (
     MAX_WINDOW,
     Decision,
-    check_int,
+    Duration,
+    check_seconds,
     decide,
     decide_uncounted,
     hit_params,
@@ -84,10 +85,13 @@ class Limiter(LimiterBase[SyncStore]):
     """
 
     def rate_limit(
-        self, key: str, limit: int, window: int, *, cost: int = 1,
+        self, key: str, limit: int, window: Duration, *, cost: int = 1,
         algorithm: str = FIXED_WINDOW, burst: int | None = None, fail_closed: bool = False,
     ) -> Decision:  # fmt: skip
         """Count one hit on `key` and decide: at most `limit` hits per `window` seconds.
+
+        `window` is seconds, or a duration as the command line takes it (``"30m"``,
+        ``"12h"``) or a `datetime.timedelta`.
 
         `algorithm` is ``fixed_window`` (windows aligned to the epoch; the
         default), ``sliding_window``, ``token_bucket`` or ``gcra``; `burst` is
@@ -98,6 +102,8 @@ class Limiter(LimiterBase[SyncStore]):
         (see `quota.connect`) it never raises for the database: memory
         decides while it is down, and a `fail_closed` call is denied instead.
         """
+        if window.__class__ is not int:
+            window = check_seconds("window", window, maximum=MAX_WINDOW)
         if algorithm != FIXED_WINDOW or not self._fast or fail_closed:
             return self._decide(key, rate_of(limit, window, algorithm, burst), cost, fail_closed)
         now = self._clock()
@@ -319,20 +325,20 @@ class Limiter(LimiterBase[SyncStore]):
         yield self.acquire(key, rates, cost=cost, timeout=timeout)
 
     def peek(
-        self, key: str, limit: int, window: int, *, algorithm: str = FIXED_WINDOW,
+        self, key: str, limit: int, window: Duration, *, algorithm: str = FIXED_WINDOW,
         burst: int | None = None,
     ) -> Decision:  # fmt: skip
         """`key`'s state under this limit, without counting a hit (the app clock decides).
 
         ``allowed`` says whether one more hit would pass right now.
         """
-        rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)
+        rate = Rate(limit=limit, window=window, algorithm=algorithm, burst=burst)  # type: ignore[arg-type]
         return self.store.run(_ops.peek(key, rate, self._clock()), transaction=False)
 
-    def reset(self, key: str, window: int | None = None) -> int:
+    def reset(self, key: str, window: Duration | None = None) -> int:
         """Forget `key`'s counts (only for windows of `window` seconds if given); return rows deleted."""
         if window is not None:
-            check_int("window", window, maximum=MAX_WINDOW)
+            window = check_seconds("window", window, maximum=MAX_WINDOW)
         return self.store.run(_ops.reset(stored_key(key), window), transaction=False)
 
     def top(self, n: int = 10) -> list[Usage]:
@@ -355,14 +361,15 @@ class Limiter(LimiterBase[SyncStore]):
     # -- durable quotas (quota._limiter.quotas): one transaction each ------------------------------
 
     def consume_quota(
-        self, subject: str, name: str, limit: int, period: str | int, cost: int = 1,
+        self, subject: str, name: str, limit: int, period: Duration, cost: int = 1,
         idempotency_key: str | None = None, tz: str | None = None,
     ) -> QuotaDecision:  # fmt: skip
         """Charge `cost` units of `subject`'s quota `name`, allowing at most `limit` per `period`.
 
         `period` is ``"day"``, ``"week"`` (ISO, from Monday) or ``"month"``,
         aligned to the calendar of time zone `tz` (an IANA name; UTC when
-        None), or a whole number of seconds aligned to the epoch. A denial
+        None), or whole seconds aligned to the epoch (an int, a duration like
+        ``"30d"`` or a `datetime.timedelta`). A denial
         charges nothing. With `idempotency_key`, every retry (from any
         process, after any restart) gets the original decision back, marked
         ``replayed``, and the charge is made once. The usage and its ledger
@@ -388,7 +395,7 @@ class Limiter(LimiterBase[SyncStore]):
         return run(self.store, make(), again=make)
 
     def grant_quota(
-        self, subject: str, name: str, amount: int, period: str | int, tz: str | None = None
+        self, subject: str, name: str, amount: int, period: Duration, tz: str | None = None
     ) -> QuotaUsage:
         """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
         make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())

@@ -16,7 +16,6 @@ import io
 import sys
 from collections.abc import Iterator
 from importlib import resources
-from pathlib import Path
 from typing import Any, TextIO
 
 import sqlalchemy as sa
@@ -24,8 +23,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.environment import EnvironmentContext
 
-from quota._core.errors import ConfigurationError, StorageError
-from quota._sql.schema import include_name, include_object, metadata
+from quota._core.errors import ConfigurationError, SchemaError, StorageError
+from quota._sql.schema import include_name, include_object, metadata, missing_sqlite_file
 from quota._sql.statements import VERSION_TABLE
 from quota._stores.url import check_schema, default_url, parse_url, redact
 
@@ -234,7 +233,7 @@ def _alembic_errors(url: str | None) -> Iterator[None]:
 
 def _prepare(
     target: str | sa.Connection | None, sql: bool, output: TextIO | None,
-    schema: str | None = None, **options: bool,
+    schema: str | None = None, *, creating: bool = False, **options: bool,
 ) -> tuple[Config, str | None]:  # fmt: skip
     cfg = _config(output)
     for name, value in options.items():
@@ -256,7 +255,9 @@ def _prepare(
     if schema is not None and parsed.dialect != "postgresql":
         raise ConfigurationError(f"schema={schema!r} is for PostgreSQL; {redact(url)} has none")
     if parsed.dialect == "sqlite" and not sql:
-        Path(parsed.target).parent.mkdir(parents=True, exist_ok=True)
+        missing = missing_sqlite_file(parsed.target, url, creating=creating)
+        if missing is not None:
+            raise missing
     cfg.set_main_option("sqlalchemy.url", parsed.sqlalchemy_url().replace("%", "%%"))
     cfg.attributes["prepared_statements"] = parsed.prepared_statements
     cfg.attributes["schema"] = schema or parsed.schema
@@ -291,7 +292,7 @@ def migrate(
     Raises `StorageError` when the database cannot be reached.
     """
     cfg, url = _prepare(
-        target, sql, output, schema,
+        target, sql, output, schema, creating=True,
         **{OPTION_COUNTERS_LOGGED: counters_logged, OPTION_COUNTERS_PARTITIONED: counters_partitioned},
     )  # fmt: skip
     with _alembic_errors(url):
@@ -429,7 +430,10 @@ def current_revision(
 ) -> str | None:
     """The revision the database is at, or None when the quota tables were never created."""
     buffer = io.StringIO()
-    cfg, url = _prepare(target, False, buffer, schema)
+    try:
+        cfg, url = _prepare(target, False, buffer, schema)
+    except SchemaError:
+        return None  # no SQLite file: nothing was ever created (and reading creates none)
     with _alembic_errors(url):
         command.current(cfg)
     words = buffer.getvalue().split()

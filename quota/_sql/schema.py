@@ -22,7 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from quota._core.errors import SchemaError
+from quota._core.errors import ConfigurationError, SchemaError
 from quota._sql.statements import VERSION_TABLE
 
 #: Every revision this code knows, oldest first.
@@ -393,6 +393,39 @@ def doctor_hint(url: str | None = None) -> str:
     from quota._stores.url import redact
 
     return "quota doctor" + (f" --url '{redact(url)}'" if url else "")
+
+
+def missing_sqlite_file(path: str, url: str | None, *, creating: bool = False) -> Exception | None:
+    """The error for SQLite file `path` that does not exist; None when it does.
+
+    Only ``quota migrate`` (`creating`) makes a database file, and never a
+    directory: for it a missing directory is a `ConfigurationError` naming it
+    (and a missing file no error). Anything else gets a `SchemaError` naming the
+    path and the command that creates the file, so a mistyped path is reported
+    instead of becoming an empty database. A ``file:`` URI is left to SQLite.
+    """
+    import os
+
+    if path.startswith("file:") or os.path.exists(path):
+        return None
+    where = os.path.abspath(path)
+    folder = os.path.dirname(where)
+    if not os.path.isdir(folder):
+        if creating:
+            return ConfigurationError(
+                f"no directory {folder} for the SQLite file {where}: migrating creates the"
+                " database file, not its directory; create the directory (or check the path)"
+            )
+        return SchemaError(
+            f"the database does not exist: no SQLite file at {where}, nor its directory"
+            f" {folder}; create the directory, then run `{migrate_hint(url)}` (or check the path)"
+        )
+    if creating:
+        return None
+    return SchemaError(
+        f"the database does not exist: no SQLite file at {where}; create it with"
+        f" `{migrate_hint(url)}` (or check the path)"
+    )
 
 
 def missing_objects_error(

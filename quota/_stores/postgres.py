@@ -457,6 +457,10 @@ class _PostgresServer:
     def _configure(self) -> None:
         raise NotImplementedError
 
+    def __repr__(self) -> str:
+        # Short and without the URL (it may hold a password): `flask limiter config` prints it.
+        return f"<{type(self).__name__}>"
+
 
 class AsyncPostgresStore(_PostgresServer):
     """Async PostgreSQL store on a bounded pool of `asyncpg` connections."""

@@ -21,7 +21,7 @@ import aiosqlite
 
 from quota._core.errors import ConfigurationError, StorageError
 from quota._sql import statements as _sql
-from quota._sql.schema import check_version, missing_objects_error
+from quota._sql.schema import check_version, missing_objects_error, missing_sqlite_file
 from quota._sql.statements import Statement
 from quota._stores.base import Op, Rows, adrive, drive
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT, SyncPool
@@ -47,13 +47,40 @@ def _check_sqlite_version() -> None:
         )
 
 
+#: The size SQLite cuts the WAL file back to when it starts it over (``journal_size_limit``).
+JOURNAL_SIZE_LIMIT = 4 * 1024 * 1024
+#: Past this size, the next check runs a TRUNCATE checkpoint (see `SQLiteStore`).
+WAL_TRUNCATE_BYTES = 16 * 1024 * 1024
+#: A sync store looks at the WAL's size once every this many statements.
+WAL_CHECK_EVERY = 256
+#: The longest a TRUNCATE checkpoint waits, for readers and for another checkpoint to end
+#: (seconds; the busy timeout when shorter). Writers wait for it meanwhile.
+WAL_TRUNCATE_WAIT = 0.25
+#: Seconds between tries while another connection holds the checkpoint lock.
+_CHECKPOINT_RETRY = 0.001
+#: Waits for readers and writers of other processes, then copies the WAL back and empties it.
+_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
+
+
 def pragmas(busy_timeout: float) -> tuple[str, ...]:
     """The PRAGMAs every connection gets, busy timeout first so the others can wait.
 
     WAL, a property of the file, is set apart (`set_up`): only when the file
     is not in WAL yet.
     """
-    return (f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}", "PRAGMA synchronous = NORMAL")
+    return (
+        f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}",
+        "PRAGMA synchronous = NORMAL",
+        f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}",
+    )
+
+
+def wal_size(path: str) -> int:
+    """The size of `path`'s WAL file in bytes (0 when there is none)."""
+    try:
+        return os.stat(path + "-wal").st_size
+    except OSError:
+        return 0
 
 
 _JOURNAL_MODE = "PRAGMA journal_mode"
@@ -143,6 +170,36 @@ class _SQLiteFile:
         self._bind = _sql.Binder("qmark", "sqlite", db_clock)
         self._path = path
         self._busy_timeout = busy_timeout
+        self._truncate_at = WAL_TRUNCATE_BYTES
+
+    def _truncate_due(self) -> int:
+        """The WAL's size when a TRUNCATE checkpoint is due, else 0."""
+        size = wal_size(self._path)
+        return size if size >= self._truncate_at else 0
+
+    def _truncated(self, busy: bool, size: int) -> None:
+        # One that could not finish (a reader elsewhere holding an old snapshot) is
+        # tried again only once the WAL has grown by another WAL_TRUNCATE_BYTES, so
+        # a reader that stays does not hold up every writer again and again.
+        self._truncate_at = size + WAL_TRUNCATE_BYTES if busy else WAL_TRUNCATE_BYTES
+
+    def _truncate_pragmas(self) -> tuple[str, str]:
+        """The busy timeout for a TRUNCATE checkpoint, and the one to set back after it."""
+        wait = min(self._busy_timeout, WAL_TRUNCATE_WAIT)
+        return (
+            f"PRAGMA busy_timeout = {int(wait * 1000)}",
+            f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}",
+        )
+
+    def _require_file(self) -> None:
+        """Raise `SchemaError` if the file is missing: connecting would create it empty."""
+        missing = missing_sqlite_file(self._path, self.url)
+        if missing is not None:
+            raise missing
+
+    def __repr__(self) -> str:
+        # Short and without the URL: `flask limiter config` prints it in an 80-column table.
+        return f"<{type(self).__name__}>"
 
 
 class SQLiteStore(_SQLiteFile):
@@ -170,6 +227,7 @@ class SQLiteStore(_SQLiteFile):
             # file through SQLite's own locking, within the budget.
             self._serialize = threading.Lock()
         self._schema_checked = False
+        self._statements = 0
         self._pool = self._new_pool()
 
     def _new_pool(self) -> SyncPool[sqlite3.Cursor]:
@@ -180,6 +238,7 @@ class SQLiteStore(_SQLiteFile):
         )  # fmt: skip
 
     def _open(self) -> sqlite3.Cursor:
+        self._require_file()
         conn = None
         try:
             conn = sqlite3.connect(
@@ -239,8 +298,45 @@ class SQLiteStore(_SQLiteFile):
             if isinstance(exc, sqlite3.Error):
                 raise wrap_error(exc, self.url) from exc
             raise
+        self._statements += 1  # counted loosely across threads: it only paces the check
+        if self._statements % WAL_CHECK_EVERY == 0:
+            self._bound_wal(cursor)
         pool.release(cursor)
         return rows
+
+    def _bound_wal(self, cursor: sqlite3.Cursor) -> None:
+        """Empty the WAL if it has outgrown `WAL_TRUNCATE_BYTES`.
+
+        SQLite's automatic checkpoint (PASSIVE, every 1000 pages) copies the
+        WAL back but can start it over only at a moment when no other
+        connection reads from it: with several processes writing without a
+        pause, that moment never comes and the WAL grows by every write (about
+        100 MB in 5 s from four processes). A TRUNCATE checkpoint waits (within
+        the busy timeout) for that moment, making the others' writes wait the
+        few milliseconds it takes, then empties the file. SQLite answers busy
+        at once, without waiting, while another connection checkpoints (their
+        automatic checkpoints, after each write while the WAL is big): that is
+        retried for at most `WAL_TRUNCATE_WAIT`. Run by the one statement in
+        `WAL_CHECK_EVERY` that finds the WAL too big, after its own answer is
+        in; a checkpoint that cannot finish is left to the next.
+        """
+        size = self._truncate_due()
+        if not size:
+            return
+        conn, (short, usual), busy = cursor.connection, self._truncate_pragmas(), 1
+        deadline = time.monotonic() + min(self._busy_timeout, WAL_TRUNCATE_WAIT)
+        try:
+            conn.execute(short)
+            while (busy := conn.execute(_TRUNCATE).fetchall()[0][0]) and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(_CHECKPOINT_RETRY)  # another connection is checkpointing
+        except sqlite3.Error:
+            pass
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(usual)
+        self._truncated(bool(busy), size)
 
     def run(self, op: Op[T], *, transaction: bool) -> T:
         pool, cursor = self._borrow()
@@ -417,12 +513,14 @@ class AsyncSQLiteStore(_SQLiteFile):
         self._checkpoint: asyncio.Task[None] | None = None
         self._checkpointing = False
         self._checkpoint_asked = 0
+        self._worker_count = 0
 
     async def _open(self) -> aiosqlite.Connection:
         """Connect, set the file up and check its schema; `self._conn` once done.
 
         Runs as a task of its own (`_start`), which a cancelled caller waits out.
         """
+        self._require_file()
         path, timeout = self._path, self._busy_timeout
         pending = _Connection(
             lambda: sqlite3.connect(path, timeout=timeout, isolation_level=None),
@@ -473,6 +571,7 @@ class AsyncSQLiteStore(_SQLiteFile):
             # WAL is a property of the file, set by the worker's connection.
             inline.execute("PRAGMA synchronous = NORMAL")
             inline.execute("PRAGMA wal_autocheckpoint = 0")
+            inline.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         except sqlite3.Error:
             inline.close()
             return
@@ -517,9 +616,14 @@ class AsyncSQLiteStore(_SQLiteFile):
         assert self._lock is not None
         async with self._lock:
             try:
-                return list(await conn.execute_fetchall(sql, params))
+                rows = list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as exc:
                 raise wrap_error(exc, self.url) from exc
+        # Other processes keep the file busy: their writes grow the WAL too.
+        self._worker_count += 1
+        if self._worker_count % WAL_CHECK_EVERY == 0:
+            self._maybe_checkpoint()
+        return rows
 
     execute_strict = execute
 
@@ -549,7 +653,10 @@ class AsyncSQLiteStore(_SQLiteFile):
         part of the WAL for next time), but it can only finish if no write of
         ours lands meanwhile: while it runs, statements go to the worker and
         queue behind it instead of running inline. Once it has copied every
-        frame, the next write starts the WAL over from its beginning.
+        frame, the next write starts the WAL over from its beginning. Past
+        `WAL_TRUNCATE_BYTES` (other processes writing without a pause leave
+        PASSIVE no moment to start the WAL over), it is TRUNCATE instead, as in
+        `SQLiteStore._bound_wal`.
         """
         conn = self._conn
         if conn is None or self._lock is None:
@@ -561,9 +668,27 @@ class AsyncSQLiteStore(_SQLiteFile):
                 with contextlib.suppress(sqlite3.Error, ValueError):
                     # Stepped to its end: a statement left open on its row would
                     # keep the worker's read snapshot, and its reads stale.
-                    await conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+                    size = self._truncate_due()
+                    if not size:
+                        await conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+                        return
+                    await self._truncate(conn, size)
         finally:
             self._checkpointing = False
+
+    async def _truncate(self, conn: aiosqlite.Connection, size: int) -> None:
+        """A TRUNCATE checkpoint on the worker (see `SQLiteStore._bound_wal`)."""
+        (short, usual), busy = self._truncate_pragmas(), 1
+        deadline = time.monotonic() + min(self._busy_timeout, WAL_TRUNCATE_WAIT)
+        try:
+            await conn.execute_fetchall(short)
+            while (busy := next(iter(await conn.execute_fetchall(_TRUNCATE)))[0]) and (
+                time.monotonic() < deadline
+            ):
+                await asyncio.sleep(_CHECKPOINT_RETRY)
+        finally:
+            await conn.execute_fetchall(usual)
+            self._truncated(bool(busy), size)
 
     async def _start(self) -> aiosqlite.Connection:
         if self._lock is None:

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from quota._core.decision import MAX_WINDOW, Decision, check_int
+from quota._core.decision import MAX_WINDOW, Decision, Duration, check_int, check_seconds
 from quota._core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -62,8 +62,8 @@ class AbuseDetector:
     def __init__(
         self,
         threshold: int,
-        window: int,
-        interval: int,
+        window: Duration,
+        interval: Duration,
         callback: AlertCallback | None = None,
         clock: Clock = time.time,
         metrics: Metrics | None = None,
@@ -71,8 +71,8 @@ class AbuseDetector:
         max_keys: int = 10_000,
     ) -> None:
         self._threshold = check_int("threshold", threshold, maximum=2**62)
-        self.window = check_int("window", window, maximum=MAX_WINDOW)
-        self.interval = check_int("interval", interval, maximum=MAX_WINDOW)
+        self.window = check_seconds("window", window, maximum=MAX_WINDOW)
+        self.interval = check_seconds("interval", interval, maximum=MAX_WINDOW)
         self.max_keys = check_int("max_keys", max_keys, maximum=10_000_000)
         if callback is not None and not callable(callback):
             raise ConfigurationError(f"callback must be callable or None, got {callback!r}")

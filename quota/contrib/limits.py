@@ -78,7 +78,7 @@ from quota._core.errors import ConfigurationError, StorageError
 from quota._limiter import AsyncLimiter, Limiter, connect, connect_async
 from quota._sql.partitions import IS_PARTITIONED
 from quota._sql.statements import Statement
-from quota._stores.base import Rows
+from quota._stores.base import AsyncStore, Rows, SyncStore
 from quota._stores.url import KNOWN_SCHEMES, parse_url
 
 __all__ = ["AsyncQuotaStorage", "QuotaStorage"]
@@ -425,6 +425,12 @@ class QuotaStorage(Storage, SlidingWindowCounterSupport, TimestampedSlidingWindo
     def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
         return StorageError
 
+    @property
+    def storage(self) -> SyncStore:
+        """The quota store that runs the statements, as limits' storages name their client
+        here (flask-limiter's ``flask limiter config`` prints it as the backend)."""
+        return self.limiter.store
+
     def _run(self, call: _Call[T]) -> T:
         check = self._table.before(call, self.limiter.store.dialect)
         if check is not None:
@@ -504,6 +510,11 @@ class AsyncQuotaStorage(AsyncStorage, AsyncSlidingWindowCounterSupport, Timestam
     @property
     def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
         return StorageError
+
+    @property
+    def storage(self) -> AsyncStore:
+        """See `QuotaStorage.storage`."""
+        return self.limiter.store
 
     async def _run(self, call: _Call[T]) -> T:
         check = self._table.before(call, self.limiter.store.dialect)

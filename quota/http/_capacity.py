@@ -18,6 +18,7 @@ no network. `SystemPressure` reads ``os.getloadavg`` and ``/proc/meminfo``;
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import math
 import os
 import threading
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from quota._core.algorithms import Rate
-from quota._core.decision import MAX_LIMIT
+from quota._core.decision import MAX_LIMIT, check_span
 from quota._core.errors import ConfigurationError
 from quota.http._config import Rates
 
@@ -83,20 +84,24 @@ class Plans:
     """
 
     def __init__(
-        self, *, ttl: float = 300.0, max_entries: int = 100_000,
+        self, *, ttl: float | str | dt.timedelta = 300.0, max_entries: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
-        if not ttl > 0:
-            raise ConfigurationError(f"ttl must be positive seconds, got {ttl!r}")
-        self._ttl = ttl
+        self._ttl = check_span("ttl", ttl)
         self._max = max_entries
         self._clock = clock
         self._entries: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
 
-    def seed(self, tenant: str, plan: str, *, ttl: float | None = None) -> None:
-        """Remember that `tenant` is on `plan` for `ttl` seconds (default: the cache's)."""
-        expires = self._clock() + (self._ttl if ttl is None else ttl)
+    def seed(
+        self, tenant: str, plan: str, *, ttl: float | str | dt.timedelta | None = None
+    ) -> None:
+        """Remember that `tenant` is on `plan` for `ttl` seconds (default: the cache's).
+
+        `ttl` (here and for the cache) is seconds, a duration like ``"5m"`` or a
+        `datetime.timedelta`; anything else is a `quota.ConfigurationError`.
+        """
+        expires = self._clock() + (self._ttl if ttl is None else check_span("ttl", ttl))
         with self._lock:
             self._entries.pop(tenant, None)
             if len(self._entries) >= self._max:

@@ -297,6 +297,36 @@ def test_store_failure_follows_ratelimit_fail_open(
         assert Client().get("/by_ip/").status_code == expected
 
 
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_a_check_that_counts_nothing_is_not_limited_while_the_store_is_down(
+    monkeypatch: pytest.MonkeyPatch, fail_open: bool
+) -> None:
+    # As django-ratelimit: only a failed count answers limited (or None with
+    # RATELIMIT_FAIL_OPEN); a check without increment reads 0, whatever the setting.
+    limiter = get_limiter()
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise StorageError("database down")
+
+    monkeypatch.setattr(limiter, "rate_limit", broken)
+    monkeypatch.setattr(limiter, "peek", broken)
+    request = RequestFactory().get("/", REMOTE_ADDR="10.2.9.9")
+    args = {"group": "helpers", "key": "ip", "rate": "2/m"}
+    with override_settings(RATELIMIT_FAIL_OPEN=fail_open):
+        assert not is_ratelimited(request, **args)
+        usage = get_usage(request, **args)
+        assert usage is not None
+        assert (usage["count"], usage["limit"], usage["should_limit"]) == (0, 2, False)
+        assert 0 < usage["time_left"] <= 60
+        counted = get_usage(request, increment=True, **args)
+        if fail_open:
+            assert counted is None
+            assert not is_ratelimited(request, increment=True, **args)
+        else:
+            assert counted == {"count": 0, "limit": 0, "should_limit": True, "time_left": -1}
+            assert is_ratelimited(request, increment=True, **args)
+
+
 def test_counts_stay_exact_across_threads() -> None:
     results: list[int] = []
     lock = threading.Lock()

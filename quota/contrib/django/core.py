@@ -330,7 +330,15 @@ def usage(
     plan: Plan, decision: Decision | None, *, increment: bool, now: float
 ) -> dict[str, Any] | None:
     """django-ratelimit's usage dict for a decision (None: not limited, the store failed
-    and ``RATELIMIT_FAIL_OPEN`` is set)."""
+    to count and ``RATELIMIT_FAIL_OPEN`` is set).
+
+    As in django-ratelimit, only a failed count is limited: a check that counts
+    nothing (`increment` False) and cannot read the store reads a count of 0.
+    """
+    if decision is None and not increment:
+        reset_at = (int(now) // plan.window + 1) * plan.window
+        return {"count": 0, "limit": plan.limit, "should_limit": False,
+                "time_left": reset_at - int(now), "decision": None}  # fmt: skip
     if decision is None:
         if getattr(settings, "RATELIMIT_FAIL_OPEN", False):
             return None
@@ -354,7 +362,8 @@ def get_usage(
     A dict with ``count``, ``limit``, ``should_limit`` and ``time_left``
     (seconds to the window's end), plus ``decision`` (quota's `Decision`);
     None when nothing limits the request. With `increment` this request is
-    counted. Raises ``ImproperlyConfigured`` for a bad key, rate or neither
+    counted; without it a store that fails reads a count of 0 (``decision``
+    None), not limited, as in django-ratelimit. Raises ``ImproperlyConfigured`` for a bad key, rate or neither
     `group` nor `fn`.
     """
     planned = plan(request, group, fn, key, rate, method)
