@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from quota._core import leases as _leases
-from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout
+from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout, StorageError
 from quota._core.leases import LeaseRequest
 from quota._sql import statements as _sql
 from quota._stores.base import AsyncStore, SyncStore
@@ -43,6 +43,12 @@ def _entered_twice(request: LeaseRequest) -> ConfigurationError:
         f"this concurrency block of {request.key!r} is already entered; call"
         " limiter.concurrency() again for another slot"
     )
+
+
+def _may_have_taken(exc: BaseException) -> bool:
+    """Whether a take that raised `exc` may have taken a slot all the same: failed or
+    interrupted (Ctrl-C) mid-statement, not refused by the database (a missing table)."""
+    return not (isinstance(exc, StorageError) and not exc.outage)
 
 
 def _lost(request: LeaseRequest, holder: str) -> None:
@@ -80,9 +86,9 @@ class Concurrency:
             params = _leases.acquire_params(request, holder, self._clock())
             try:
                 rows = store.execute_strict(_sql.LEASE_ACQUIRE, params)
-            except BaseException:
-                # Failed or interrupted (Ctrl-C) mid-statement: it may have taken a slot.
-                self._abandon(holder)
+            except BaseException as exc:
+                if _may_have_taken(exc):
+                    self._abandon(holder)
                 raise
             if rows:
                 break
@@ -257,8 +263,9 @@ class AsyncConcurrency:
             # The statement runs on to its end; what it took is freed then.
             take.add_done_callback(lambda _: self._abandon_later(holder))
             raise
-        except BaseException:
-            await self._abandon(holder)
+        except BaseException as exc:
+            if _may_have_taken(exc):
+                await self._abandon(holder)
             raise
 
     def _abandon_later(self, holder: str) -> None:
