@@ -561,3 +561,37 @@ def test_migration_cleanup_and_the_downgrade_guard(sql_database: Any) -> None:
     quota.downgrade(url, revision="0005_settings")
     assert quota.current_revision(url) == "0005_settings"
     quota.downgrade(url, revision="base")
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def test_quota_top_and_peek_show_leases(sqlite_url: str) -> None:
+    import json
+
+    from click.testing import CliRunner
+    from quota._cli import main
+
+    def run(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(main, ["--url", sqlite_url, *args])
+        return result.exit_code, result.output
+
+    with quota.connect(sqlite_url) as limiter:
+        blocks = [limiter.concurrency("job", 3) for _ in range(2)]
+        for block in blocks:
+            block.__enter__()
+        code, out = run("top", "--leases")
+        assert code == 0
+        assert out.splitlines()[1].split() == ["2", "3", "1", out.splitlines()[1].split()[3], "job"]
+        code, out = run("peek", "job", "--leases")
+        assert code == 0 and "'job': 2 held, 1 free of 3" in out
+        assert all(block.holder in out for block in blocks)
+        code, out = run("peek", "job", "--leases", "--limit", "2", "--json")
+        assert code == 4  # no slot free under a limit of 2
+        assert json.loads(out)["free"] == 0
+        for block in blocks:
+            block.__exit__(None, None, None)
+        code, out = run("top", "--leases", "--json")
+        assert (code, json.loads(out)) == (0, [])
+    code, out = run("peek", "job")
+    assert code == 2 and "--limit and --window" in out
