@@ -111,3 +111,21 @@ def hold(
         out.put(("out", time.time()))
     finally:
         limiter.close()
+
+
+def hand_over(url: str, key: str, rounds: int, out: Any, inbox: Any) -> None:
+    """`rounds` times: take `key`'s one slot, hold it 1 to 2 s (a waiter elsewhere polls at
+    its slowest by then; a random time, so the release falls anywhere between two of its
+    tries), say ``("left", time)`` just before leaving, then wait on `inbox` until that
+    waiter got in."""
+    limiter = quota.connect(url, pool_size=2)
+    try:
+        limiter.concurrency_usage(key)
+        for _ in range(rounds):
+            with limiter.concurrency(key, 1, lease=10.0, timeout=WAIT):
+                out.put(("in", time.time()))
+                time.sleep(random.uniform(1.0, 2.0))
+                out.put(("left", time.time()))
+            inbox.get(timeout=WAIT)
+    finally:
+        limiter.close()

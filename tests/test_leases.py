@@ -516,19 +516,24 @@ def test_a_slot_freed_in_another_process_is_taken_within_a_quarter_second(
 ) -> None:
     url = _url(request, dialect)
     handoffs = []
-    with quota.connect(url) as limiter:
+    out, inbox = SPAWN.Queue(), SPAWN.Queue()
+    process = SPAWN.Process(target=workers.hand_over, args=(url, "job", 6, out, inbox), daemon=True)
+    process.start()
+    with _reaped(process), quota.connect(url) as limiter:
         limiter.concurrency_usage("job")  # connected before timing anything
-        for _ in range(5):
-            process, out = _holder(url, "job", 1, 1, 10.0, 0.5)
-            with _reaped(process):
-                with limiter.concurrency("job", 1, timeout=30):
-                    got_in = time.time()
-                kind, left = out.get(timeout=30)
-                assert kind == "left"
-                handoffs.append(got_in - left)
+        for _ in range(6):
+            kind, _ = out.get(timeout=60)
+            assert kind == "in"
+            with limiter.concurrency("job", 1, timeout=30):
+                got_in = time.time()
+            kind, left = out.get(timeout=30)
+            assert kind == "left"
+            handoffs.append(got_in - left)
+            inbox.put("next")
     handoffs.sort()
     assert all(h >= 0 for h in handoffs), handoffs
-    assert handoffs[2] < 0.25, handoffs  # the median
+    # Each within a quarter second; the slowest of six may be late once (a busy machine).
+    assert handoffs[-2] < 0.25, handoffs
     assert handoffs[-1] < 1.0, handoffs
 
 
