@@ -12,4 +12,4 @@ class Migration(migrations.Migration):  # type: ignore[misc]
     initial = True
     atomic = False  # quota's own run holds its own transaction and lock
     dependencies: ClassVar[list[tuple[str, str]]] = []
-    operations: ClassVar[list[QuotaSchema]] = [QuotaSchema(target="0006_leases")]
+    operations: ClassVar[list[QuotaSchema]] = [QuotaSchema(target="0005_settings")]
