@@ -427,6 +427,7 @@ def _most_inside(path: Path) -> tuple[int, int]:
     return most, entered
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", backend_params(*SHARED))
 def test_four_processes_never_have_more_than_the_limit_inside(
     request: pytest.FixtureRequest, dialect: str, tmp_path: Path
@@ -467,6 +468,7 @@ def _reaped(process: Any) -> Iterator[None]:
         process.join(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", backend_params(*SHARED))
 def test_kill_9_of_a_holder_frees_its_slots_within_the_lease(
     request: pytest.FixtureRequest, dialect: str
@@ -487,6 +489,7 @@ def test_kill_9_of_a_holder_frees_its_slots_within_the_lease(
         assert freed <= lease + 1.0, freed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", backend_params(*SHARED))
 def test_a_holder_inside_for_three_leases_keeps_its_slot(
     request: pytest.FixtureRequest, dialect: str
@@ -510,6 +513,7 @@ def test_a_holder_inside_for_three_leases_keeps_its_slot(
         assert tries >= 20  # it tried all along
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", backend_params(*SHARED))
 def test_a_slot_freed_in_another_process_is_taken_within_a_quarter_second(
     request: pytest.FixtureRequest, dialect: str
