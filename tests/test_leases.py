@@ -63,7 +63,7 @@ def _url(request: pytest.FixtureRequest, dialect: str) -> str:
 class Side:
     """One limiter of either face, its calls made plain (an async face runs on a loop of its own)."""
 
-    def __init__(self, name: str, url: str, clock: Clock | None, **options: Any) -> None:
+    def __init__(self, name: str, url: str, clock: Clock | str | None, **options: Any) -> None:
         self.is_async = name.endswith("-async")
         self.loop = asyncio.new_event_loop() if self.is_async else None
         if clock is not None:
@@ -273,6 +273,46 @@ def test_entering_and_leaving_cost_two_statements(
         assert counting.names == ["lease_acquire", "lease_release"]
     finally:
         limiter.close()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"clock": "database"}, {"fallback": True}, {"batching": True}],
+    ids=["database-clock", "fallback", "batching"],
+)
+@pytest.mark.parametrize("name", backend_params(*EVERY_FACE))
+def test_blocks_work_under_every_option(
+    request: pytest.FixtureRequest, name: str, options: dict[str, Any]
+) -> None:
+    if options.get("batching") and dialect_of(name) == "memory":
+        pytest.skip("memory:// refuses batching")
+    options = dict(options)  # the parameter is shared by every row
+    side = Side(name, _url(request, dialect_of(name)), options.pop("clock", None), **options)
+    try:
+        blocks = [side.enter("job", 2) for _ in range(2)]
+        with pytest.raises(quota.RateLimitTimeout):
+            side.enter("job", 2, timeout=0)
+        usage = side.usage("job")
+        assert (usage.held, usage.free) == (2, 0)
+        assert usage.next_expiry is not None and abs(usage.next_expiry - time.time() - 30) < 5
+        for block in blocks:
+            side.leave(block)
+        assert side.usage("job").held == 0
+    finally:
+        side.close()
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_under_a_fallback_a_store_down_hands_out_no_slot(face: str, caplog: Any) -> None:
+    from quota._wrappers.fallback import StoreDown
+
+    side = Side(f"x-{face}", "postgresql://quota@127.0.0.1:1/nothing", None, fallback=True)
+    try:
+        for _ in range(2):  # failing, then known to be down
+            with pytest.raises(StoreDown):
+                side.enter("job", 1)
+    finally:
+        side.close()
 
 
 # -- waiting, interrupted ----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout,
 from quota._core.leases import LeaseRequest
 from quota._sql import statements as _sql
 from quota._stores.base import AsyncStore, SyncStore
+from quota._wrappers.fallback import StoreDown
 
 log = logging.getLogger("quota")
 Clock = Callable[[], float]
@@ -47,7 +48,10 @@ def _entered_twice(request: LeaseRequest) -> ConfigurationError:
 
 def _may_have_taken(exc: BaseException) -> bool:
     """Whether a take that raised `exc` may have taken a slot all the same: failed or
-    interrupted (Ctrl-C) mid-statement, not refused by the database (a missing table)."""
+    interrupted (Ctrl-C) mid-statement; not refused by the database (a missing table),
+    nor by a fallback before it was sent (the store known to be down)."""
+    if isinstance(exc, StoreDown) and exc.__cause__ is None:
+        return False
     return not (isinstance(exc, StorageError) and not exc.outage)
 
 
@@ -127,11 +131,12 @@ class Concurrency:
             self._store.execute_strict(
                 _sql.LEASE_ABANDON, _leases.abandon_params(self.request, holder)
             )
-        except Exception:
+        except Exception as exc:
+            # One line: the take's own error, raised to the caller, says the rest.
             log.warning(
-                "quota: could not free a concurrency slot a failed take of %r may hold;"
-                " it frees itself in %gs",
-                self.request.key, self.request.lease, exc_info=True,
+                "quota: could not free a concurrency slot a failed take of %r may hold"
+                " (%s); it frees itself in %gs",
+                self.request.key, exc, self.request.lease,
             )  # fmt: skip
 
     def _renew(self, slot: int, holder: str) -> bool | None:
@@ -278,11 +283,12 @@ class AsyncConcurrency:
             await self._store.execute_strict(
                 _sql.LEASE_ABANDON, _leases.abandon_params(self.request, holder)
             )
-        except Exception:
+        except Exception as exc:
+            # One line: the take's own error, raised to the caller, says the rest.
             log.warning(
-                "quota: could not free a concurrency slot a failed take of %r may hold;"
-                " it frees itself in %gs",
-                self.request.key, self.request.lease, exc_info=True,
+                "quota: could not free a concurrency slot a failed take of %r may hold"
+                " (%s); it frees itself in %gs",
+                self.request.key, exc, self.request.lease,
             )  # fmt: skip
 
     async def _renew(self, slot: int, holder: str) -> None:
