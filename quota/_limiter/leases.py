@@ -55,6 +55,12 @@ def _may_have_taken(exc: BaseException) -> bool:
     return not (isinstance(exc, StorageError) and not exc.outage)
 
 
+def _starting(store: SyncStore | AsyncStore, exc: StoreDown) -> bool:
+    """Whether a fallback refused a take only because its store is not connected yet
+    (it is not down): worth trying again while the wait lasts."""
+    return exc.__cause__ is None and store.up
+
+
 def _lost(request: LeaseRequest, holder: str) -> None:
     log.warning(
         "quota: the concurrency lease %s of %r ran out before it was renewed (the process"
@@ -90,6 +96,12 @@ class Concurrency:
             params = _leases.acquire_params(request, holder, self._clock())
             try:
                 rows = store.execute_strict(_sql.LEASE_ACQUIRE, params)
+            except StoreDown as exc:
+                if _may_have_taken(exc):
+                    self._abandon(holder)
+                if not _starting(store, exc):
+                    raise
+                rows = ()  # a fallback's store still connecting: wait for it as for a slot
             except BaseException as exc:
                 if _may_have_taken(exc):
                     self._abandon(holder)
@@ -247,7 +259,12 @@ class AsyncConcurrency:
         holder = _leases.new_holder()
         backoff = _leases.Backoff(loop.time() + request.timeout)
         while True:
-            rows = await self._take(holder)
+            try:
+                rows = await self._take(holder)
+            except StoreDown as exc:
+                if not _starting(self._store, exc):
+                    raise
+                rows = ()  # a fallback's store still connecting: wait for it as for a slot
             if rows:
                 break
             delay = backoff.next(loop.time())
