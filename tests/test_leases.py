@@ -302,6 +302,34 @@ def test_blocks_work_under_every_option(
         side.close()
 
 
+@pytest.mark.parametrize("dialect", backend_params("sqlite", "postgresql"))
+def test_a_waiter_holds_no_connection_while_it_sleeps(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    import threading
+
+    url = store_url(request, dialect)
+    with quota.connect(url) as other, quota.connect(url, pool_size=1, timeout=1.0) as limiter:
+        with other.concurrency("job", 1):
+            outcome: list[BaseException] = []
+
+            def wait() -> None:
+                try:
+                    limiter.concurrency("job", 1, timeout=2.0).__enter__()
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            time.sleep(0.3)  # it waits, at its longest pauses by now
+            began = time.monotonic()
+            for _ in range(30):  # each needs the pool's one connection
+                assert limiter.rate_limit("k", 10**6, 60).allowed
+            assert time.monotonic() - began < 1.5
+            waiter.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], quota.RateLimitTimeout)
+
+
 @pytest.mark.parametrize("face", ["sync", "async"])
 def test_under_a_fallback_a_store_down_hands_out_no_slot(face: str, caplog: Any) -> None:
     from quota._wrappers.fallback import StoreDown
