@@ -225,6 +225,43 @@ def test_usage_and_top(side: Side) -> None:
     assert side.run(side.limiter.concurrency_top(10)) == []
 
 
+@pytest.mark.parametrize("name", backend_params("sqlite-sync", "postgresql-sync", "memory-sync"))
+def test_cleanup_sweeps_dead_leases(
+    request: pytest.FixtureRequest, name: str, clock: Clock
+) -> None:
+    side = Side(name, _url(request, dialect_of(name)), clock)
+    try:
+        _dead(side, "a", 3, 10.0, clock())
+        _dead(side, "b", 3, 10.0, clock())
+        live = side.enter("b", 3, lease=600.0)
+        clock.advance(10 + 60)  # past the leases and the default grace
+        assert side.limiter.cleanup(dry_run=True).expired == 2
+        assert side.limiter.cleanup().deleted == 2
+        assert side.limiter.cleanup(dry_run=True).expired == 0
+        assert side.usage("b").holders == (live.holder,)
+        side.leave(live)
+    finally:
+        side.close()
+
+
+def test_redis_lease_sets_expire_by_themselves(redis_url: str, clock: Clock) -> None:
+    import redis
+
+    side = Side("redis-sync", redis_url, clock)
+    try:
+        _dead(side, "a", 3, 10.0, clock())
+        prefix = redis_url.rpartition("prefix=")[2]
+        client = redis.Redis.from_url(redis_url.partition("?")[0])
+        try:
+            for key in (f"{prefix}{{k:a}}:lease", f"{prefix}{{k:a}}:lease:h"):
+                assert 0 < client.pttl(key) <= (10 + 60) * 1000
+        finally:
+            client.close()
+        assert side.limiter.cleanup().deleted == 0  # nothing for cleanup to do
+    finally:
+        side.close()
+
+
 @pytest.mark.parametrize(
     ("arguments", "named"),
     [
