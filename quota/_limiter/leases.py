@@ -112,8 +112,14 @@ class Concurrency:
             if delay is None:
                 raise RateLimitTimeout(_leases.timeout_message(request))
             time.sleep(delay)
-        self.slot, self.holder = int(rows[0][0]), holder
-        _renewer().add(self)
+        try:
+            self.slot, self.holder = int(rows[0][0]), holder
+            _renewer().add(self)
+        except BaseException:  # Ctrl-C between the take and the block: give the slot back
+            _renewer().remove(self)
+            self.slot = self.holder = None
+            self._abandon(holder)
+            raise
         return self
 
     def __exit__(
