@@ -7,7 +7,8 @@ Exit codes (every command; `EXIT_CODES` is the table ``quota --help`` shows):
     2    usage: a bad option, argument or URL, or a store that cannot do this
     3    the database: unreachable, absent (a SQLite file that does not exist),
          schema missing or behind, or a database error; ``doctor``: an error found
-    4    the answer is no: ``hit`` / ``peek`` denied, ``policy delete`` found nothing
+    4    the answer is no: ``hit`` / ``peek`` denied, ``peek --leases`` found no slot
+         free, ``policy delete`` found nothing
     130  interrupted (Ctrl-C): what was done so far is printed
 
 Text output gives times as a person reads them (``resets in 1m12s
@@ -49,8 +50,8 @@ EXIT_CODES = """Exit codes, the same for every command:
   2    usage: a bad option, argument or URL
   3    the database: unreachable, absent, schema missing or behind, a database
        error; doctor: an error found
-  4    the answer is no: denied (hit, peek), nothing to delete (policy delete,
-       policy unset)
+  4    the answer is no: denied (hit, peek), no slot free (peek --leases),
+       nothing to delete (policy delete, policy unset)
   130  interrupted (Ctrl-C); what was done so far is printed
 
 Text output gives times as "in 1m12s (2026-01-31T12:03:00Z)", in UTC;

@@ -1,6 +1,8 @@
-"""``quota hit``, ``peek``, ``reset`` and ``top``: rate-limit windows from the shell.
+"""``quota hit``, ``peek``, ``reset`` and ``top``: rate-limit windows (and, with
+``--leases``, concurrency leases) from the shell.
 
-Exit codes as for every command (see `cli.main`): ``hit`` and ``peek`` exit 4 when denied.
+Exit codes as for every command (see `cli.main`): ``hit`` and ``peek`` exit 4 when denied
+(``peek --leases``: when no slot is free).
 """
 
 from __future__ import annotations
@@ -81,15 +83,48 @@ def hit(ctx: click.Context, key: str, limit: int, window: int, cost: int, as_jso
 @main.command()
 @url_option
 @click.argument("key")
-@_limit_option
-@_window_option
+@click.option("--limit", "-l", type=WHOLE, help="Hits allowed per window (slots, with --leases).")
+@click.option("--window", "-w", callback=_duration("window"), help="Window: 60, 60s, 1m, 1h, 1d.")
+@click.option(
+    "--leases", is_flag=True,
+    help="Show KEY's concurrency leases (limiter.concurrency) instead: who holds its slots.",
+)  # fmt: skip
 @_json_option
 @click.pass_context
-def peek(ctx: click.Context, key: str, limit: int, window: int, as_json: bool) -> None:
-    """Show KEY's current window without counting a hit (exit 4 if the next hit would be denied)."""
+def peek(
+    ctx: click.Context, key: str, limit: int | None, window: int | None, leases: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Show KEY's current window without counting a hit (exit 4 if the next hit would be denied).
+
+    --limit and --window are required, unless --leases: then it lists the live
+    concurrency leases of KEY and the slots free under --limit (default: the
+    limit they were taken under), and exits 4 when none is free.
+    """
+    if leases:
+        _leases_out(ctx, key, limit, as_json)
+        return
+    if limit is None or window is None:
+        raise click.UsageError("peek needs --limit and --window (or --leases)")
     with _errors(), _limiter(ctx) as limiter:
         decision = limiter.peek(key, limit, window)
     _decision_out(decision, as_json)
+
+
+def _leases_out(ctx: click.Context, key: str, limit: int | None, as_json: bool) -> None:
+    with _errors(), _limiter(ctx) as limiter:
+        usage = limiter.concurrency_usage(key, limit)
+    now = time.time()
+    free = "?" if usage.free is None else str(usage.free)
+    lines = [
+        f"{key!r}: {usage.held} held, {free} free of"
+        f" {'?' if usage.limit is None else usage.limit}"
+        + (f", first lease runs out {when(usage.next_expiry, now)}" if usage.next_expiry else ""),
+        *(f"  {holder}" for holder in usage.holders),
+    ]
+    _emit(asdict(usage), as_json, "\n".join(lines))
+    if usage.free == 0:
+        sys.exit(EXIT_DENIED)
 
 
 @main.command()
@@ -109,13 +144,30 @@ def reset(ctx: click.Context, key: str, window: int | None, as_json: bool) -> No
 @main.command()
 @url_option
 @click.option("-n", "count", type=WHOLE, default=10, show_default=True, help="How many keys.")
+@click.option(
+    "--leases", is_flag=True,
+    help="List the concurrency keys with the most live leases (limiter.concurrency) instead.",
+)  # fmt: skip
 @_json_option
 @click.pass_context
-def top(ctx: click.Context, count: int, as_json: bool) -> None:
-    """The busiest keys in the windows running now."""
+def top(ctx: click.Context, count: int, leases: bool, as_json: bool) -> None:
+    """The busiest keys in the windows running now (with --leases: the fullest concurrency keys)."""
+    now = time.time()
+    if leases:
+        with _errors(), _limiter(ctx) as limiter:
+            usages = limiter.concurrency_top(count)
+        text = "\n".join(
+            [f"{'HELD':>6}  {'LIMIT':>6}  {'FREE':>6}  {'NEXT EXPIRY':>11}  KEY"]
+            + [
+                f"{u.held:>6}  {u.limit:>6}  {u.free:>6}"
+                f"  {human_duration((u.next_expiry or now) - now):>11}  {u.key}"
+                for u in usages
+            ]
+        )
+        _emit([asdict(u) for u in usages], as_json, text)
+        return
     with _errors(), _limiter(ctx) as limiter:
         rows = limiter.top(count)
-    now = time.time()
     text = "\n".join(
         [f"{'COUNT':>8}  {'WINDOW':>7}  {'RESETS IN':>9}  {'RESETS AT (UTC)':<20}  KEY"]
         + [

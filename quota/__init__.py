@@ -26,6 +26,7 @@ from quota._core.errors import (
     SchemaError,
     StorageError,
 )
+from quota._core.leases import ConcurrencyUsage
 from quota._core.rates import parse_rates
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
 from quota._limiter.default import rate_limit, rate_limit_async
@@ -56,6 +57,7 @@ __all__ = [
     "CheckDecision",
     "CleanupResult",
     "ConcurrencyGuard",
+    "ConcurrencyUsage",
     "ConfigurationError",
     "Decision",
     "Fallback",

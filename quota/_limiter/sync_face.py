@@ -21,11 +21,13 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from quota._core import algorithms as _algorithms
+from quota._core import leases as _leases
 from quota._core.algorithms import FIXED_WINDOW, Rate, closed_decision
 from quota._core.decision import (
     MAX_WINDOW,
     Decision,
     Duration,
+    check_int,
     check_seconds,
     decide,
     decide_uncounted,
@@ -33,6 +35,7 @@ from quota._core.decision import (
     stored_key,
 )
 from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout
+from quota._core.leases import MAX_SLOTS, ConcurrencyUsage
 from quota._core.rates import as_rates, most_restrictive
 from quota._core.waiting import MAX_TIMEOUT, Deadline, check_timeout, jitter_spread, pause
 from quota._limiter import quotas as _quotas
@@ -55,6 +58,7 @@ from quota._limiter.base import (
     sync_sleep,
 )
 from quota._limiter.drive_sync import run
+from quota._limiter.leases import Concurrency
 from quota._limiter.quota_types import (
     CheckDecision,
     LedgerEntry,
@@ -357,6 +361,47 @@ class Limiter(LimiterBase[SyncStore]):
             self.store.dialect, self._clock(), grace=grace, batch_size=batch_size, dry_run=dry_run
         )
         return self.store.run(op, transaction=False)
+
+    # -- concurrency leases (quota._limiter.leases) --------------------------------------------
+
+    def concurrency(
+        self, key: str, limit: int, *, lease: float = 30.0, timeout: float = 30.0
+    ) -> Concurrency:
+        """A block that holds one of `limit` slots of `key`: ``with limiter.concurrency(…):``.
+
+        At most `limit` blocks of `key` run at once across every process and host
+        using this store. Entering takes a slot (one statement), waiting up to
+        `timeout` seconds for one to come free (0: one try); leaving frees it (one
+        statement). While inside, the block renews its lease every ``lease / 3``
+        seconds, so work of any length keeps its slot; a holder that dies (killed,
+        its host lost) stops renewing, and its slot frees itself `lease` seconds
+        after the last renewal. Blocks are not re-entrant: a block nested in another
+        of the same key takes a second slot.
+
+        Raises `ConfigurationError` for a bad argument (naming it), `RateLimitTimeout`
+        when no slot came free in time, `StorageError` when the store fails
+        (`quota.StoreDown` under a fallback while the store is down: slots are never
+        handed out from this process's memory), `SchemaError` before ``quota migrate``
+        made the leases table.
+        """
+        return Concurrency(
+            self.store, self._clock, _leases.lease_request(key, limit, lease, timeout)
+        )
+
+    def concurrency_usage(self, key: str, limit: int | None = None) -> ConcurrencyUsage:
+        """Who holds `key`'s concurrency slots now, and how many are free under `limit`
+        (default: the limit the holders took their slots under)."""
+        lease_key = stored_key(key)
+        if limit is not None:
+            check_int("limit", limit, maximum=MAX_SLOTS)
+        rows = self.store.execute_strict(_sql.LEASE_HOLDERS, (lease_key, self._clock()))
+        return _leases.usage_from_rows(key, rows, limit)
+
+    def concurrency_top(self, n: int = 10) -> list[ConcurrencyUsage]:
+        """The `n` concurrency keys with the most live leases, busiest first."""
+        check_int("n", n, maximum=100_000)
+        rows = self.store.execute_strict(_sql.LEASE_TOP, (self._clock(), n))
+        return _leases.top_from_rows(rows)
 
     # -- durable quotas (quota._limiter.quotas): one transaction each ------------------------------
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import io
 import sys
+import time
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any, TextIO
@@ -305,6 +306,9 @@ DURABLE_TABLES: dict[str, tuple[str, ...]] = {
     "0002_quotas": ("quota_usage", "quota_ledger"),
     "0004_policies": ("quota_policies",),
     "0005_settings": ("quota_settings",),
+    # Not data, but blocks running now: dropping their slots would let more in than
+    # their limit (a dead holder's lease, expired, is no row to keep).
+    "0006_leases": ("quota_leases",),
 }
 #: What counts as a held row: a deleted override or setting stays a while as a
 #: stamped row saying nothing (so every worker drops it at the same moment).
@@ -312,7 +316,13 @@ LIVE_ROWS: dict[str, str] = {
     "quota_policies": " WHERE NOT (rates IS NULL AND algorithm IS NULL AND cost IS NULL"
     " AND fail_open IS NULL AND NOT exempt)",
     "quota_settings": " WHERE value IS NOT NULL",
+    "quota_leases": " WHERE expires_at > {now}",
 }
+
+
+def _live_rows(table: str) -> str:
+    """`LIVE_ROWS`' condition for `table`, with the time of now in it."""
+    return LIVE_ROWS.get(table, "").format(now=repr(time.time()))
 
 
 def downgrade(
@@ -327,7 +337,8 @@ def downgrade(
     """Downgrade the quota tables to `revision` (``base`` removes them all).
 
     A downgrade that would drop a table holding durable rows (quota usage,
-    the ledger, runtime policies and settings) raises `ConfigurationError`
+    the ledger, runtime policies and settings) or live concurrency leases (blocks
+    running now) raises `ConfigurationError`
     naming each such table and its row count, and changes nothing, unless
     `drop_data` is True.
     With ``sql=True`` nothing runs and nothing is checked: the SQL is written
@@ -364,7 +375,8 @@ def _refuse_to_drop_data(
     if held:
         listed = ", ".join(f"{table} ({rows} rows)" for table, rows in held.items())
         raise ConfigurationError(
-            f"downgrade to {revision} would drop {listed}: durable quota data, refused."
+            f"downgrade to {revision} would drop {listed}: durable quota data"
+            f"{' or concurrency slots held now' if 'quota_leases' in held else ''}, refused."
             " Back it up, then pass drop_data=True (quota downgrade --drop-data);"
             " --sql prints the statements for review"
         )
@@ -383,7 +395,7 @@ def _row_counts(
         return {
             table: int(
                 conn.execute(
-                    sa.text(f"SELECT count(*) FROM {named(table)}{LIVE_ROWS.get(table, '')}")
+                    sa.text(f"SELECT count(*) FROM {named(table)}{_live_rows(table)}")
                 ).scalar_one()
             )
             for table in tables
@@ -418,7 +430,7 @@ async def _pg_row_counts(url: str, dsn: str, tables: list[str]) -> dict[str, int
             if await conn.fetchval("SELECT to_regclass($1)", table) is not None:
                 name = table.rpartition(".")[2]
                 counts[name] = int(
-                    await conn.fetchval(f"SELECT count(*) FROM {table}{LIVE_ROWS.get(name, '')}")
+                    await conn.fetchval(f"SELECT count(*) FROM {table}{_live_rows(name)}")
                 )
         return counts
     finally:

@@ -28,10 +28,12 @@ from quota._sql.statements import VERSION_TABLE
 #: Every revision this code knows, oldest first.
 REVISIONS: tuple[str, ...] = (
     "0001_counters", "0002_quotas", "0003_algorithms", "0004_policies", "0005_settings",
+    "0006_leases",
 )  # fmt: skip
 #: The revision this code needs at least. A database at it works; the later revisions add
 #: what runs without them (0005_settings: the runtime settings of the HTTP middlewares,
-#: which keep their configured values until the table is there).
+#: which keep their configured values until the table is there; 0006_leases: concurrency
+#: leases, whose calls say to migrate until it is there).
 REQUIRED = "0004_policies"
 #: The newest revision this code knows: what ``quota migrate`` upgrades to.
 HEAD = REVISIONS[-1]
@@ -187,6 +189,24 @@ quota_settings = sa.Table(
     sa.Column("note", sa.Text, nullable=True),
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.PrimaryKeyConstraint("name", name="pk_quota_settings"),
+)
+
+#: Concurrency leases (revision 0006_leases): one row per slot of a key while it is held
+#: (`quota._sql.statements.LEASE_ACQUIRE`). Logged on PostgreSQL: a crash must not free
+#: the slots of holders still inside their blocks.
+quota_leases = sa.Table(
+    "quota_leases",
+    metadata,
+    sa.Column("lease_key", _KEY, nullable=False),
+    sa.Column("slot", sa.Integer, nullable=False),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("slots", sa.Integer, nullable=False),
+    sa.Column("acquired_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.PrimaryKeyConstraint("lease_key", "slot", name="pk_quota_leases"),
+    # Cleanup and the downgrade guard find dead (or live) leases by expiry.
+    sa.Index("ix_quota_leases_expires_at", "expires_at"),
+    sqlite_with_rowid=False,
 )
 
 #: Alembic's version table, as Alembic creates it (``version_table=VERSION_TABLE``).
@@ -378,6 +398,7 @@ TABLE_REVISIONS: dict[str, str] = {
     "quota_state": "0003_algorithms",
     "quota_policies": "0004_policies",
     "quota_settings": "0005_settings",
+    "quota_leases": "0006_leases",
 }
 
 

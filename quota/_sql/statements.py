@@ -204,7 +204,12 @@ _DERIVED = (
 )
 
 
-_PARAM_TYPES = {"bucket_key": "TEXT", "client_key": "TEXT", "window": "INTEGER"}
+_PARAM_TYPES = {
+    "bucket_key": "TEXT", "client_key": "TEXT", "window": "INTEGER",
+    # Concurrency leases.
+    "lease_key": "TEXT", "holder": "TEXT", "slot": "INTEGER", "slots": "INTEGER",
+    "first": "INTEGER", "n": "INTEGER",
+}  # fmt: skip
 
 
 @functools.cache
@@ -430,4 +435,86 @@ STATE_DELETE_EXPIRED = Statement(
 )
 STATE_COUNT_EXPIRED = Statement(
     "state_count_expired", "SELECT count(*) FROM quota_state WHERE expires_at < ?"
+)
+
+
+# -- concurrency leases (quota_leases, revision 0006_leases) -----------------------------
+#
+# A key's leases are slots numbered 0..limit-1, one row each while held: the primary key
+# (lease_key, slot) is what keeps the holders at `limit` when two sessions take a slot at
+# once, even under PostgreSQL's READ COMMITTED (where each would count the other's row
+# as absent). A lease whose expires_at has passed is free: the next taker overwrites it.
+
+LEASES = "quota_leases"
+
+#: Take a free slot of `slots`, trying from slot `first` on (a random start spreads
+#: concurrent takers over the slots); return it, or no row when all are held. A slot
+#: another session takes at the same moment makes this one find it held: no row, though
+#: another slot may be free (the caller tries again). The count keeps a key whose limit
+#: was lowered at the new limit once the holders above it leave.
+LEASE_ACQUIRE = Statement(
+    "lease_acquire",
+    "WITH RECURSIVE quota_slots(n) AS"
+    " (SELECT 0 UNION ALL SELECT n + 1 FROM quota_slots WHERE n + 1 < :slots)"
+    " INSERT INTO quota_leases (lease_key, slot, holder, slots, acquired_at, expires_at)"
+    " SELECT :lease_key, (n + :first) % :slots, :holder, :slots, :now, :expires FROM quota_slots"
+    " WHERE (SELECT count(*) FROM quota_leases"
+    " WHERE lease_key = :lease_key AND expires_at > :now) < :slots"
+    " AND NOT EXISTS (SELECT 1 FROM quota_leases WHERE lease_key = :lease_key"
+    " AND slot = (n + :first) % :slots AND expires_at > :now)"
+    " LIMIT 1"
+    " ON CONFLICT (lease_key, slot) DO UPDATE SET holder = excluded.holder,"
+    " slots = excluded.slots, acquired_at = excluded.acquired_at,"
+    " expires_at = excluded.expires_at"
+    " WHERE quota_leases.expires_at <= excluded.acquired_at"
+    " RETURNING slot",
+    ("lease_key", "slots", "first", "holder", "now", "horizon", "expires"),
+)  # fmt: skip
+
+#: Move a held lease's expiry on; no row when the lease is no longer this holder's.
+LEASE_RENEW = Statement(
+    "lease_renew",
+    "UPDATE quota_leases SET expires_at = :expires"
+    " WHERE lease_key = :lease_key AND slot = :slot AND holder = :holder RETURNING slot",
+    ("lease_key", "slot", "holder", "now", "horizon", "expires"),
+)
+
+#: Params: lease_key, slot, holder. Frees the slot if this holder still has it.
+LEASE_RELEASE = Statement(
+    "lease_release",
+    "DELETE FROM quota_leases WHERE lease_key = ? AND slot = ? AND holder = ? RETURNING 1",
+)
+
+#: Params: lease_key, holder. Frees whatever slot `holder` took (a take interrupted before
+#: its answer came back); holders are unique, so never another's.
+LEASE_ABANDON = Statement(
+    "lease_abandon", "DELETE FROM quota_leases WHERE lease_key = ? AND holder = ? RETURNING 1"
+)
+
+#: The live leases of one key: slot, holder, limit taken under, acquired_at, expires_at.
+LEASE_HOLDERS = Statement(
+    "lease_holders",
+    "SELECT slot, holder, slots, acquired_at, expires_at FROM quota_leases"
+    " WHERE lease_key = :lease_key AND expires_at > :now ORDER BY slot",
+    ("lease_key", "now"),
+)
+
+#: The keys with the most live leases: lease_key, holders, limit, next expiry.
+LEASE_TOP = Statement(
+    "lease_top",
+    "SELECT lease_key, count(*), max(slots), min(expires_at) FROM quota_leases"
+    " WHERE expires_at > :now GROUP BY lease_key ORDER BY count(*) DESC, lease_key LIMIT :n",
+    ("now", "n"),
+)
+
+#: Params: cutoff.
+LEASE_COUNT_EXPIRED = Statement(
+    "lease_count_expired", "SELECT count(*) FROM quota_leases WHERE expires_at < ?"
+)
+#: Params: cutoff, batch size, cutoff. A lease renewed while the delete waited stays.
+LEASE_DELETE_EXPIRED = Statement(
+    "lease_delete_expired",
+    "DELETE FROM quota_leases WHERE (lease_key, slot) IN"
+    " (SELECT lease_key, slot FROM quota_leases WHERE expires_at < ? LIMIT ?)"
+    " AND expires_at < ? RETURNING 1",
 )

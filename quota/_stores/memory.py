@@ -64,7 +64,7 @@ _STATE = 6  # False for a counter, True for algorithm state
 class _Table:
     """The rows of one store, its client index and its lock: what `memory://NAME` shares."""
 
-    __slots__ = ("__weakref__", "clients", "lock", "max_keys", "rows")
+    __slots__ = ("__weakref__", "clients", "leases", "lock", "max_keys", "rows")
 
     def __init__(self, max_keys: int) -> None:
         self.rows: OrderedDict[str, list[Any]] = OrderedDict()
@@ -72,6 +72,9 @@ class _Table:
         self.clients: dict[str, set[str]] = {}
         self.lock = threading.Lock()
         self.max_keys = max_keys
+        #: Concurrency leases: lease_key -> slot -> [holder, slots, acquired_at, expires_at]
+        #: (the rows of quota_leases; outside `max_keys`, as each is held by a live block).
+        self.leases: dict[str, dict[int, list[Any]]] = {}
 
 
 _named: weakref.WeakValueDictionary[str, _Table] = weakref.WeakValueDictionary()
@@ -148,7 +151,16 @@ class MemoryStore:
             _sql.GCRA: self._gcra,
             _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
             _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
+            _sql.LEASE_ACQUIRE: self._lease_acquire,
+            _sql.LEASE_RENEW: self._lease_renew,
+            _sql.LEASE_RELEASE: self._lease_release,
+            _sql.LEASE_ABANDON: self._lease_abandon,
+            _sql.LEASE_HOLDERS: self._lease_holders,
+            _sql.LEASE_TOP: self._lease_top,
+            _sql.LEASE_COUNT_EXPIRED: self._lease_count_expired,
+            _sql.LEASE_DELETE_EXPIRED: self._lease_delete_expired,
         }
+        self._leases = table.leases
         #: Statement name -> handler: every statement this store keeps.
         self._handlers = handlers(statements)
 
@@ -354,6 +366,95 @@ class MemoryStore:
         hit = (f"{window}:{start}:{client_key}", client_key, start, window, params["cost"], now)
         rows = self._hit_capped((*hit, params["limit"])) if capped else self._hit(hit)
         return ((rows[0][0], start, now),) if rows else ()
+
+    # -- concurrency leases: quota._sql.statements' LEASE_* as the SQL runs them ---------------
+
+    def _lease_acquire(self, params: Mapping[str, Any]) -> Rows:
+        now, slots, first = self._now(params), params["slots"], params["first"]
+        held = self._leases.setdefault(params["lease_key"], {})
+        if sum(1 for lease in held.values() if lease[3] > now) >= slots:
+            return ()
+        for n in range(slots):
+            slot = (n + first) % slots
+            lease = held.get(slot)
+            if lease is None or lease[3] <= now:
+                expires = now + params["horizon"] if self.db_clock else params["expires"]
+                held[slot] = [params["holder"], slots, now, expires]
+                return ((slot,),)
+        return ()  # pragma: no cover - the count above found a free slot
+
+    def _lease(self, key: str, slot: int, holder: str) -> list[Any] | None:
+        lease = self._leases.get(key, {}).get(slot)
+        return lease if lease is not None and lease[0] == holder else None
+
+    def _lease_renew(self, params: Mapping[str, Any]) -> Rows:
+        lease = self._lease(params["lease_key"], params["slot"], params["holder"])
+        if lease is None:
+            return ()
+        now = self._now(params)
+        lease[3] = now + params["horizon"] if self.db_clock else params["expires"]
+        return ((params["slot"],),)
+
+    def _lease_release(self, params: Sequence[Any]) -> Rows:
+        key, slot, holder = params
+        if self._lease(key, slot, holder) is None:
+            return ()
+        self._drop_lease(key, slot)
+        return ((1,),)
+
+    def _drop_lease(self, key: str, slot: int) -> None:
+        held = self._leases[key]
+        del held[slot]
+        if not held:
+            del self._leases[key]
+
+    def _lease_abandon(self, params: Sequence[Any]) -> Rows:
+        key, holder = params
+        doomed = [slot for slot, lease in self._leases.get(key, {}).items() if lease[0] == holder]
+        for slot in doomed:
+            self._drop_lease(key, slot)
+        return [(1,)] * len(doomed)
+
+    def _lease_holders(self, params: Mapping[str, Any]) -> Rows:
+        now = self._now(params)
+        held = self._leases.get(params["lease_key"], {})
+        return [(slot, *held[slot]) for slot in sorted(held) if held[slot][3] > now]
+
+    def _lease_top(self, params: Mapping[str, Any]) -> Rows:
+        now = self._now(params)
+        rows = []
+        for key, held in self._leases.items():
+            live = [lease for lease in held.values() if lease[3] > now]
+            if live:
+                rows.append(
+                    (
+                        key,
+                        len(live),
+                        max(lease[1] for lease in live),
+                        min(lease[3] for lease in live),
+                    )
+                )
+        rows.sort(key=lambda r: (-r[1], r[0]))
+        return rows[: params["n"]]
+
+    def _dead_leases(self, cutoff: float) -> list[tuple[str, int]]:
+        return [
+            (key, slot)
+            for key, held in self._leases.items()
+            for slot, lease in held.items()
+            if lease[3] < cutoff
+        ]
+
+    def _lease_count_expired(self, params: Sequence[Any]) -> Rows:
+        """Params: cutoff."""
+        return ((len(self._dead_leases(params[0])),),)
+
+    def _lease_delete_expired(self, params: Sequence[Any]) -> Rows:
+        """Params: cutoff, batch size (and cutoff)."""
+        doomed = self._dead_leases(params[0])[: params[1]]
+        for key, slot in doomed:
+            self._drop_lease(key, slot)
+        return [(1,)] * len(doomed)
 
 
 class AsyncMemoryStore:

@@ -19,6 +19,8 @@ Keys (``prefix`` defaults to ``quota:``; ``redis://…?prefix=app1:`` changes it
     quota:{k:alice}:tb:60              token bucket: hash of v (tokens), s (stamp)
     quota:{k:alice}:gcra:60            GCRA: hash of v (theoretical arrival time)
     quota:{k:alice}:idx                sorted set of the key's rows, scored by expiry
+    quota:{k:alice}:lease              concurrency leases: sorted set of holder -> expiry
+    quota:{k:alice}:lease:h            their details: hash of holder -> "slot limit acquired_at"
 
 The stored key sits in a hash tag, so every row of one caller lives in one
 cluster slot. Every row carries a TTL of its expiry plus `GRACE` seconds, so
@@ -69,8 +71,8 @@ def _lua(name: str) -> str:
 _COMMON = _lua("common").replace("__GRACE__", str(GRACE))
 #: Each script's source (``common.lua`` first), by name.
 SCRIPTS = {
-    name: _COMMON + _lua(name)
-    for name in ("fixed_window", "sliding_window", "token_bucket", "gcra", "reset")
+    name: _COMMON + _lua(name).replace("__GRACE__", str(GRACE))
+    for name in ("fixed_window", "sliding_window", "token_bucket", "gcra", "reset", "lease")
 }
 SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SCRIPTS.items()}
 
@@ -94,6 +96,10 @@ def _glob_escape(text: str) -> str:
 
 def _number(reply: Any) -> float:
     return float(reply)
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
 class RedisPlan:
@@ -131,6 +137,15 @@ class RedisPlan:
             _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
             _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
             BATCH_HIT_REDIS: self._hit_batch,
+            _sql.LEASE_ACQUIRE: self._lease_acquire,
+            _sql.LEASE_RENEW: self._lease_renew,
+            _sql.LEASE_RELEASE: self._lease_release,
+            _sql.LEASE_ABANDON: self._lease_abandon,
+            _sql.LEASE_HOLDERS: self._lease_holders,
+            _sql.LEASE_TOP: self._lease_top,
+            # Each lease set carries a TTL past its last expiry: Redis drops dead ones itself.
+            _sql.LEASE_COUNT_EXPIRED: self._nothing_expired,
+            _sql.LEASE_DELETE_EXPIRED: self._nothing_deleted,
         }
         #: Statement name -> handler: every statement Redis keeps.
         self._handlers = handlers(statements)
@@ -328,6 +343,66 @@ class RedisPlan:
             end = int(start) + int(window)
             if count is not None and kind == "fw" and end > now:
                 yield (head[1:-1], int(window), int(start), int(count))
+
+    # -- concurrency leases (lua/lease.lua) ---------------------------------------------
+
+    def _lease_keys(self, lease_key: str) -> tuple[str, str]:
+        base = self.base(lease_key)
+        return base + "lease", base + "lease:h"
+
+    def _lease(self, lease_key: str, step: str, now: Any, *args: Any) -> Exchange:
+        keys = self._lease_keys(lease_key)
+        return (yield from self._eval("lease", keys, (step, "db" if self.db_clock else now, *args)))
+
+    def _lease_acquire(self, params: Mapping[str, Any]) -> Plan:
+        reply = yield from self._lease(
+            params["lease_key"], "acquire", params["now"], params["holder"], params["slots"],
+            params["first"], params["horizon"],
+        )  # fmt: skip
+        return () if reply is None else ((int(reply),),)
+
+    def _lease_renew(self, params: Mapping[str, Any]) -> Plan:
+        reply = yield from self._lease(
+            params["lease_key"], "renew", params["now"], params["holder"], params["horizon"]
+        )
+        return () if reply is None else ((params["slot"],),)
+
+    def _lease_release(self, params: Sequence[Any]) -> Plan:
+        # A holder is unique to one take: its slot adds nothing to find it.
+        freed = yield from self._lease(params[0], "release", 0, params[-1])
+        return [(1,)] * int(freed)
+
+    _lease_abandon = _lease_release
+
+    def _lease_holders(self, params: Mapping[str, Any]) -> Plan:
+        flat = yield from self._lease(params["lease_key"], "holders", params["now"])
+        return [
+            (int(flat[i]), _text(flat[i + 1]), int(flat[i + 2]), _number(flat[i + 3]),
+             _number(flat[i + 4]))
+            for i in range(0, len(flat), 5)
+        ]  # fmt: skip
+
+    def _lease_top(self, params: Mapping[str, Any]) -> Plan:
+        """SCAN the lease sets, then each one's summary (an admin's view, not a hot path)."""
+        rows = []
+        suffix = ":lease"
+        for raw in (yield from self._scan(_glob_escape(self.prefix) + "{*}" + suffix)):
+            lease_key = _text(raw)[len(self.prefix) + 1 : -len(suffix) - 1]
+            held, most, first = yield from self._lease(lease_key, "summary", params["now"])
+            if int(held):
+                rows.append((lease_key, int(held), int(most), _number(first)))
+        rows.sort(key=lambda r: (-r[1], r[0]))
+        return rows[: params["n"]]
+
+    def _scan(self, pattern: str) -> Exchange:
+        """Every key matching `pattern` (SCAN: O(keyspace))."""
+        found: set[bytes] = set()
+        cursor: Any = 0
+        while True:
+            cursor, keys = yield ("SCAN", (cursor, "MATCH", pattern, "COUNT", 1000))
+            found.update(keys)
+            if int(cursor) == 0:
+                return sorted(found)
 
     def _nothing_expired(self, params: Sequence[Any]) -> Plan:
         # Every row has a TTL: Redis has already removed what cleanup would.

@@ -68,6 +68,7 @@ from quota._stores.redis import (
     SCRIPTS,
     SHAS,
     AsyncRedisStore,
+    Exchange,
     Plan,
     RedisPlan,
     RedisStore,
@@ -188,6 +189,19 @@ class ClusterPlan(RedisPlan):
         rows = [(key, window, start, count) for (key, window, start), count in live.items()]
         rows.sort(key=lambda r: (-r[3], r[0]))
         return rows[:limit]
+
+    def _scan(self, pattern: str) -> Exchange:
+        """Every key matching `pattern` on every master."""
+        found: set[bytes] = set()
+        primaries = yield (PRIMARIES, ())
+        for node in primaries:
+            cursor: Any = 0
+            while True:
+                cursor, keys = yield (NODE_SCAN, (node, cursor, "MATCH", pattern, "COUNT", 1000))
+                found.update(keys)
+                if int(cursor) == 0:
+                    break
+        return sorted(found)
 
 
 #: Each script's source by its digest (what a NOSCRIPT answer asks for).

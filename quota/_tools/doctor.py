@@ -636,6 +636,7 @@ _TABLE_ROLE = {
         "the HTTP middlewares keep their configured tier multipliers and abuse threshold"
         " (`quota policy multiplier`, `quota policy abuse-threshold` fail)"
     ),
+    "quota_leases": "concurrency blocks (`limiter.concurrency`) fail",
     VERSION_TABLE: "quota cannot tell which migrations ran",
 }
 #: What breaks without an index.
@@ -648,9 +649,13 @@ _INDEX_ROLE = {
     "ix_quota_state_expires_at": "cleanup scans the whole state table",
     "ix_quota_ledger_subject_at": "`quota ledger SUBJECT --since` scans the whole ledger",
     "ix_quota_ledger_at": "ledger retention by age scans the whole ledger",
+    "ix_quota_leases_expires_at": "cleanup scans the whole leases table",
 }
 #: Tables whose primary key is an upsert's ON CONFLICT target.
-_UPSERTED = ("quota_counters", "quota_state", "quota_usage", "quota_policies", "quota_settings")
+_UPSERTED = (
+    "quota_counters", "quota_state", "quota_usage", "quota_policies", "quota_settings",
+    "quota_leases",
+)  # fmt: skip
 
 _SQLITE_REBUILD = "https://www.sqlite.org/lang_altertable.html#otheralter"
 

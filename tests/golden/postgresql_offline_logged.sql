@@ -119,5 +119,21 @@ CREATE TABLE quota_settings (
 
 UPDATE quota_alembic_version SET version_num='0005_settings' WHERE quota_alembic_version.version_num = '0004_policies';
 
+-- Running upgrade 0005_settings -> 0006_leases
+
+CREATE TABLE quota_leases (
+    lease_key TEXT COLLATE "C" NOT NULL, 
+    slot INTEGER NOT NULL, 
+    holder TEXT NOT NULL, 
+    slots INTEGER NOT NULL, 
+    acquired_at FLOAT NOT NULL, 
+    expires_at FLOAT NOT NULL, 
+    CONSTRAINT pk_quota_leases PRIMARY KEY (lease_key, slot)
+);
+
+CREATE INDEX ix_quota_leases_expires_at ON quota_leases (expires_at);
+
+UPDATE quota_alembic_version SET version_num='0006_leases' WHERE quota_alembic_version.version_num = '0005_settings';
+
 COMMIT;
 
