@@ -30,7 +30,7 @@ from quota._core.decision import (
     hit_params,
     stored_key,
 )
-from quota._core.errors import ConfigurationError, QuotaError
+from quota._core.errors import ConfigurationError, QuotaError, SchemaError
 from quota._core.rates import as_rates, most_restrictive
 from quota._limiter import quotas as _quotas
 from quota._limiter.base import (
@@ -84,9 +84,10 @@ class Limiter(LimiterBase[SyncStore]):
         the capacity of the last two (default `limit`). One atomic statement
         per call. Raises `ConfigurationError` for bad arguments (a `cost` the
         limit can never allow included), `StorageError` when the database
-        fails, `SchemaError` when the tables are missing; with a `fallback`
-        (see `quota.connect`) it never raises for the database: memory
-        decides while it is down, and a `fail_closed` call is denied instead.
+        fails, `SchemaError` when the tables are missing (with a `fallback` too);
+        with a `fallback` (see `quota.connect`) it never raises for an
+        outage: memory decides while the database is down, and a
+        `fail_closed` call is denied instead.
         """
         if algorithm != FIXED_WINDOW or not self._fast or fail_closed:
             return self._decide(key, rate_of(limit, window, algorithm, burst), cost, fail_closed)
@@ -103,6 +104,8 @@ class Limiter(LimiterBase[SyncStore]):
                 rows = self.store.execute(_sql.HIT, params)
             else:
                 rows = self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        except SchemaError:
+            raise  # never migrated: a deployment error, never decided from memory
         except Exception:
             if self._fallback is None:
                 raise
@@ -146,6 +149,8 @@ class Limiter(LimiterBase[SyncStore]):
             if self._observing:
                 self._observe(decision, "fallback")
             return decision
+        except SchemaError:
+            raise
         except Exception:
             if self._fallback is None:
                 raise

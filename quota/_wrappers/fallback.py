@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from quota._core.errors import ConfigurationError, QuotaError, StorageError
+from quota._core.errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
 from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore
@@ -65,9 +65,12 @@ class Fallback:
 
 def _is_outage(exc: QuotaError) -> bool:
     """True for a `StorageError` that says the database is unreachable or too slow; False
-    for one about the statement itself. A `ConfigurationError` is raised again."""
-    if isinstance(exc, ConfigurationError):
-        raise exc  # the caller's own mistake: never decided from memory
+    for one about the statement itself. A `ConfigurationError` or `SchemaError` is raised
+    again."""
+    if isinstance(exc, (ConfigurationError, SchemaError)):
+        # The caller's own mistake, or a database never migrated: a deployment
+        # error that `quota migrate` fixes, never an outage decided from memory.
+        raise exc
     return isinstance(exc, StorageError) and exc.outage
 
 
@@ -399,6 +402,8 @@ class AsyncResilientStore:
             await asyncio.wait_for(asyncio.shield(self._warm), self.health.settings.timeout)
         except asyncio.TimeoutError:
             return False
+        except SchemaError:
+            raise  # never migrated: not an outage (see `_is_outage`)
         except Exception as exc:
             self._down(exc)
             return False

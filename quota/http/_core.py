@@ -16,6 +16,9 @@ headers to add to the app's response. `drive_sync` and `drive_async` are the
 two drivers; the middlewares are thin adapters around them. Nothing in the
 flow raises into a request: a failing limiter becomes the route class's
 fail-open pass or fail-closed 503, a failing hook falls back to the default.
+A missing schema (`quota.SchemaError`: ``quota migrate`` was never run) is a
+deployment error, not an outage: every class fails closed with a 503 and an
+ERROR log line naming the command, at most once per `ERROR_LOG_SECONDS`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from quota._core.algorithms import Rate
 from quota._core.decision import Decision
-from quota._core.errors import ConfigurationError
+from quota._core.errors import ConfigurationError, SchemaError
 from quota._wrappers.abuse import AbuseDetector, AlertCallback
 from quota._wrappers.metrics import Metrics as QuotaMetrics
 from quota.http._capacity import Plans, ScaledRates, SystemPressure
@@ -70,6 +73,9 @@ if TYPE_CHECKING:
     from quota._limiter.sync_face import Limiter
 
 log = logging.getLogger("quota.http")
+
+#: A failing limiter is logged at most once per this many seconds, not once per request.
+ERROR_LOG_SECONDS = 10.0
 
 #: Stores whose limiter a middleware opens with group commit: the SQL ones (one
 #: statement) and Redis (one pipeline); the memory store decides in the process.
@@ -572,19 +578,30 @@ class Guard:
         self, route: RoutePolicy, tier: str, request: RequestInfo, fail_open: bool,
         exc: BaseException,
     ) -> Verdict:  # fmt: skip
-        mode = "open" if fail_open or self.config.shadow or route.shadow else "closed"
+        # A missing schema fails every request alike until someone migrates:
+        # passing them all would be a limit that silently limits nothing.
+        schema = isinstance(exc, SchemaError)
+        passes = not schema and (fail_open or self.config.shadow or route.shadow)
+        mode = "open" if passes else "closed"
         self.metrics.inc("errors", route=route.name, mode=mode)
         if self.metrics.sink is not None:
             self.metrics.sink.record_decision(
                 mode == "open", source="fail_open", route=route.name, tier=tier
             )
         stamp = time.monotonic()
-        if stamp - self._last_error_log >= 10:  # one line per 10 s, not one per request
+        if stamp - self._last_error_log >= ERROR_LOG_SECONDS:  # not one line per request
             self._last_error_log = stamp
-            log.warning(
-                "quota: the limiter failed on route class %r (%s: %s); failing %s",
-                route.name, type(exc).__name__, exc, mode,
-            )  # fmt: skip
+            if schema:
+                log.error(
+                    "quota: %s; answering 503 to every limited request until then"
+                    " (route class %r)",
+                    exc, route.name,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "quota: the limiter failed on route class %r (%s: %s); failing %s",
+                    route.name, type(exc).__name__, exc, mode,
+                )  # fmt: skip
         if mode == "open":
             return PASS
         retry = self.config.unavailable_retry_after
