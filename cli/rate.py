@@ -12,6 +12,7 @@ from dataclasses import asdict
 import click
 
 import quota
+from quota._sql import ops
 
 from .main import (
     EXIT_DENIED,
@@ -28,6 +29,16 @@ from .main import (
     when,
 )
 
+#: Keys longer than this are shown cut, with their length (``--json`` keeps them whole).
+SHOWN_KEY = 80
+
+
+def shown_key(key: str) -> str:
+    """`key` quoted as text output shows it: a long one cut with an ellipsis and its length."""
+    if len(key) <= SHOWN_KEY:
+        return repr(key)
+    return f"{key[:SHOWN_KEY]!r}… ({len(key):,} characters)"
+
 
 def _decision_out(decision: quota.Decision, as_json: bool) -> None:
     headers = decision.headers()
@@ -35,7 +46,7 @@ def _decision_out(decision: quota.Decision, as_json: bool) -> None:
     verdict = "allowed" if decision.allowed else "denied"
     now = time.time()
     lines = [
-        f"{verdict}: {decision.key!r} {decision.count}/{decision.limit}"
+        f"{verdict}: {shown_key(decision.key)} {decision.count}/{decision.limit}"
         f" in a {human_duration(decision.window)} window, {decision.remaining} remaining,"
         f" resets {when(decision.reset_at, now)}"
         + (f", retry in {human_duration(decision.retry_after)}" if not decision.allowed else ""),
@@ -81,15 +92,36 @@ def hit(ctx: click.Context, key: str, limit: int, window: int, cost: int, as_jso
 @main.command()
 @url_option
 @click.argument("key")
-@_limit_option
-@_window_option
+@click.option("--limit", "-l", type=WHOLE, help="Hits allowed per window (with --window).")
+@click.option("--window", "-w", callback=_duration("window"), help="Window: 60, 60s, 1m, 1h, 1d.")
 @_json_option
 @click.pass_context
-def peek(ctx: click.Context, key: str, limit: int, window: int, as_json: bool) -> None:
-    """Show KEY's current window without counting a hit (exit 4 if the next hit would be denied)."""
+def peek(
+    ctx: click.Context, key: str, limit: int | None, window: int | None, as_json: bool
+) -> None:
+    """Show KEY's windows without counting a hit.
+
+    Without --limit and --window: every fixed window of KEY still running,
+    whatever its limit (exit 0, none found included). With both: the window
+    of that limit, as a hit would see it (exit 4 if the next hit would be
+    denied).
+    """
+    if limit is not None and window is not None:
+        with _errors(), _limiter(ctx) as limiter:
+            decision = limiter.peek(key, limit, window)
+        _decision_out(decision, as_json)
+        return
+    if limit is not None or window is not None:
+        raise click.UsageError("give --limit and --window together, or neither")
+    now = time.time()
     with _errors(), _limiter(ctx) as limiter:
-        decision = limiter.peek(key, limit, window)
-    _decision_out(decision, as_json)
+        rows = limiter.run(ops.windows(key, now))
+    lines = [
+        f"{shown_key(key)}: {u.count} hit(s) in a {human_duration(u.window)} window,"
+        f" resets {when(u.reset_at, now)}"
+        for u in rows
+    ] or [f"{shown_key(key)}: no window running"]
+    _emit([asdict(u) for u in rows], as_json, "\n".join(lines))
 
 
 @main.command()
@@ -103,7 +135,7 @@ def reset(ctx: click.Context, key: str, window: int | None, as_json: bool) -> No
     with _errors(), _limiter(ctx) as limiter:
         deleted = limiter.reset(key, window)
     data = {"key": key, "window": window, "deleted": deleted}
-    _emit(data, as_json, f"reset {key!r}: {deleted} row(s) deleted")
+    _emit(data, as_json, f"reset {shown_key(key)}: {deleted} row(s) deleted")
 
 
 @main.command()
