@@ -27,7 +27,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -287,6 +287,12 @@ class Guard:
         # The X-RateLimit-Lane header of each tier seen (() for a tier no header can carry).
         self._lanes: dict[str, tuple[str, str] | tuple[()]] = {}
         self._settings = threading.Lock()
+
+    @property
+    def route_names(self) -> tuple[str, ...]:
+        """The names of the route classes this guard limits with (its default class's too)."""
+        config = self.config
+        return tuple(p.name for p in (*config.policies, config.default) if p is not None)
 
     # -- the flow --------------------------------------------------------------------
 
@@ -775,11 +781,15 @@ async def drive_async(
         return verdict
 
 
-def sync_effects(limiter: Limiter) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
+def sync_effects(
+    limiter: Limiter, routes: Sequence[str] = ()
+) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
     """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`.
 
     A single rate goes through ``rate_limit`` (the limiter's hot path for a
-    fixed window), several through ``hit``.
+    fixed window), several through ``hit``. `load` also records `routes`,
+    the names of the route classes the middleware serves, in
+    ``quota_settings`` when they are not there yet (see `read_op`).
     """
     rate_limit, hit_many = limiter.rate_limit, limiter.hit
 
@@ -795,13 +805,13 @@ def sync_effects(limiter: Limiter) -> tuple[Callable[[Hit], Decision], Callable[
 
     def load() -> Snapshot:
         # Under a fallback: held to its budget, refused while the store is down.
-        return limiter.run(read_op(), strict=True)
+        return limiter.run(read_op(routes, limiter.options.app_clock()), strict=True)
 
     return hit, load
 
 
 def async_effects(
-    limiter: AsyncLimiter,
+    limiter: AsyncLimiter, routes: Sequence[str] = ()
 ) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
     """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`; see `sync_effects`."""
     rate_limit, hit_many = limiter.rate_limit, limiter.hit
@@ -818,7 +828,7 @@ def async_effects(
 
     def load() -> Awaitable[Snapshot]:
         # Under a fallback: held to its budget, refused while the store is down.
-        return limiter.run(read_op(), strict=True)
+        return limiter.run(read_op(routes, limiter.options.app_clock()), strict=True)
 
     return hit, load
 

@@ -145,6 +145,8 @@ class Limiters:
         )
         #: The effect functions of each limiter in use, made once.
         self.effects: dict[int, tuple[Any, Any, Any]] = {}
+        #: The route classes served, recorded in the database with the runtime policies' read.
+        self.routes: tuple[str, ...] = ()
 
     def get(self) -> AsyncLimiter | Limiter:
         if self.given is not None:
@@ -166,7 +168,11 @@ class Limiters:
         """`limiter`'s ``hit`` and ``load`` for `drive_sync` or `drive_async`, made once per limiter."""
         effects = self.effects.get(id(limiter))
         if effects is None or effects[0] is not limiter:
-            made = sync_effects(limiter) if isinstance(limiter, Limiter) else async_effects(limiter)
+            made = (
+                sync_effects(limiter, self.routes)
+                if isinstance(limiter, Limiter)
+                else async_effects(limiter, self.routes)
+            )
             if len(self.effects) >= 64:  # limiters of loops (or settings) long gone
                 self.effects.clear()
             effects = self.effects[id(limiter)] = (limiter, *made)
@@ -306,6 +312,7 @@ class QuotaMiddleware:
             identify=identify, token_validator=token_validator, response_factory=response_factory,
             plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
         ), dialect=self.limiters.dialect, app_clock=self.limiters.clock())  # fmt: skip
+        self.limiters.routes = self.guard.route_names
         self.metrics = self.guard.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
