@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,3 +170,27 @@ def test_an_async_fallback_never_decides_a_missing_schema_from_memory(sql_empty_
                 await limiter.hit("k", "1/minute", fail_closed=True)
 
     asyncio.run(run())
+
+
+def test_uvicorn_exits_at_startup_naming_quota_migrate(tmp_path: Path) -> None:
+    """The README's FastAPI snippet, served by uvicorn before `quota migrate`: no server."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("fastapi")
+    (tmp_path / "readme_app.py").write_text(
+        "from fastapi import FastAPI\n"
+        "from quota.http import HttpConfig, RoutePolicy\n"
+        "from quota.http.asgi import QuotaMiddleware\n"
+        "app = FastAPI()\n"
+        'api = RoutePolicy(name="api", paths=["/api"], rates="100/minute")\n'
+        "app.add_middleware(QuotaMiddleware, config=HttpConfig.from_env(policies=[api]))\n"
+    )
+    url = f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}"
+    env = {**os.environ, "QUOTA_DATABASE_URL": url, "QUOTA_HASH_SECRET": SECRET}
+    done = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "readme_app:app", "--port", "0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "the quota tables are missing from this database" in done.stderr
+    assert f"quota migrate --url '{url}'" in done.stderr
+    assert "Application startup failed" in done.stderr

@@ -13,7 +13,9 @@ come from the database again. Each transition is logged once.
 
 The limiter above this wrapper turns any error that still escapes (memory
 failing too) into an allowed decision, and answers fail-closed calls with a
-denial while the store is down; see `quota._limiter`.
+denial while the store is down; see `quota._limiter`. A `SchemaError` (the
+tables missing: ``quota migrate`` never run) is neither: it is raised to the
+caller, never decided from memory.
 """
 
 from __future__ import annotations
