@@ -81,6 +81,20 @@ def test_bench_of_another_algorithm_leaves_no_state_either(sqlite_url: str) -> N
         assert conn.execute("SELECT count(*) FROM quota_state").fetchone() == (0,)
 
 
+@pytest.mark.parametrize("scenario", ["quota", "check"])
+def test_bench_of_quotas_leaves_no_usage_or_ledger_rows(sqlite_url: str, scenario: str) -> None:
+    with quota.connect(sqlite_url) as limiter:
+        limiter.consume_quota("bench:1", "other", limit=5, period="day")  # not the bench's
+    args = ["bench", "-d", "0.1", "-r", "1", "-c", "1", "-k", "20", "--scenario", scenario]
+    result = run(*args, "--url", sqlite_url)
+    assert result.exit_code == 0, result.output
+    path = sqlite_url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        for table in ("quota_counters", "quota_state", "quota_usage", "quota_ledger"):
+            names = conn.execute(f"SELECT * FROM {table}").fetchall()
+            assert all("other" in row for row in names), (table, names[:3])
+
+
 # -- peek without a limit -----------------------------------------------------------------------
 
 

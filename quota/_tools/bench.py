@@ -36,6 +36,7 @@ from quota._limiter import connect, connect_async
 from quota._sql import ops as _ops
 from quota._sql import statements as _sql
 from quota._sql.migrate import migrate
+from quota._sql.statements import Statement
 from quota._stores.base import Rows, Step
 from quota._stores.sqlite import aset_up, set_up
 from quota._stores.url import SCHEMALESS, StoreURL, parse_url
@@ -472,8 +473,8 @@ def run_bench(
     finally:
         # Whatever happened: the keys it counted, none other (as `quota demo`).
         if parsed.dialect != "memory":
-            removed = _remove_keys(base_url, parsed, keys)
-            say(f"bench: removed its {keys + 1} keys' windows ({removed} row(s))")
+            removed = _remove_keys(base_url, parsed, keys, quotas=scenario != "rate")
+            say(f"bench: removed its {keys + 1} keys' rows ({removed} row(s))")
     return report
 
 
@@ -482,18 +483,33 @@ def _bench_keys(keys: int) -> list[str]:
     return [f"{KEY_PREFIX}:{i}" for i in range(keys)] + [f"{KEY_PREFIX}:warm"]
 
 
-def _remove_keys(url: str, parsed: StoreURL, keys: int) -> int:
-    """Delete the windows and states of the benchmark's keys; the rows deleted."""
+def _remove_keys(url: str, parsed: StoreURL, keys: int, *, quotas: bool = False) -> int:
+    """Delete the windows and states of the benchmark's keys, and with `quotas` the usage
+    and ledger rows of its quota (``bench``) for them; the rows deleted."""
     with connect(url) as limiter:
         if parsed.dialect in SCHEMALESS:
             return sum(limiter.reset(key) for key in _bench_keys(keys))
-        return limiter.run(_reset_all(_bench_keys(keys)), transaction=True)
+        return limiter.run(_reset_all(_bench_keys(keys), quotas), transaction=True)
 
 
-def _reset_all(keys: list[str]) -> Generator[Step, Rows, int]:
+#: The benchmark's own quota rows (its quota is named `bench_quotas.NAME`). Params: subject.
+_DELETE_USAGE = Statement(
+    "bench_delete_usage",
+    "DELETE FROM quota_usage WHERE subject = ? AND name = 'bench' RETURNING 1",
+)
+_DELETE_LEDGER = Statement(
+    "bench_delete_ledger",
+    "DELETE FROM quota_ledger WHERE subject = ? AND name = 'bench' RETURNING 1",
+)
+
+
+def _reset_all(keys: list[str], quotas: bool) -> Generator[Step, Rows, int]:
     deleted = 0
     for key in keys:
         deleted += yield from _ops.reset(stored_key(key), None)
+        if quotas:
+            for statement in (_DELETE_USAGE, _DELETE_LEDGER):
+                deleted += len((yield statement, (key,)))
     return deleted
 
 
