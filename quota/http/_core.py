@@ -599,7 +599,7 @@ class Guard:
             self._last_error_log = stamp
             if schema:
                 log.error(
-                    "quota: %s; answering 503 to every limited request until then"
+                    "quota: %s; every limited request is answered 503 until it is"
                     " (route class %r)",
                     exc, route.name,
                 )  # fmt: skip
