@@ -107,7 +107,9 @@ def bench(
     """Decisions per second of quota beside the bare driver running the same statements.
 
     Runs against --url (migrating it first). Prints both rates and their
-    ratio, medians of --runs alternating runs.
+    ratio, medians of --runs alternating runs. When done (or interrupted) it
+    deletes the windows of the keys it counted (bench:0 to bench:N-1 and
+    bench:warm), as demo does, and no other rows.
     A line per run on stderr tells how far it got (on a terminal, or with
     --progress).
     """

@@ -10,6 +10,8 @@ Exit codes (every command; `EXIT_CODES` is the table ``quota --help`` shows):
     4    the answer is no: ``hit`` / ``peek`` denied, ``peek --leases`` found no slot
          free, ``policy delete`` found nothing
     130  interrupted (Ctrl-C): what was done so far is printed
+    141  the reader of the output went away (``quota demo | head -1``): the
+         command stops quietly, as a Unix tool killed by SIGPIPE
 
 Text output gives times as a person reads them (``resets in 1m12s
 (2026-01-31T12:03:00Z)``); ``--json`` keeps epoch seconds.
@@ -20,13 +22,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import re
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -40,6 +43,7 @@ EXIT_USAGE = 2
 EXIT_ERROR = 3
 EXIT_DENIED = 4
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a Unix tool the pipe's reader left
 
 #: The exit-code table, as ``quota --help`` prints it (``\b``: click keeps the lines).
 EXIT_CODES = """Exit codes, the same for every command:
@@ -53,6 +57,7 @@ EXIT_CODES = """Exit codes, the same for every command:
   4    the answer is no: denied (hit, peek), no slot free (peek --leases),
        nothing to delete (policy delete, policy unset)
   130  interrupted (Ctrl-C); what was done so far is printed
+  141  the output's reader went away (quota demo | head -1), quietly
 
 Text output gives times as "in 1m12s (2026-01-31T12:03:00Z)", in UTC;
 --json gives epoch seconds.
@@ -269,7 +274,8 @@ def _limiter(ctx: click.Context) -> quota.Limiter:
 
 
 class _Main(click.Group):
-    """The root group: Ctrl-C anywhere is exit 130 with one line, never a traceback."""
+    """The root group: Ctrl-C anywhere is exit 130 with one line, never a traceback; a
+    reader that stops reading (``quota demo | head -1``) is exit 141, without a word."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -278,6 +284,28 @@ class _Main(click.Group):
             # On a terminal, off the line where Ctrl-C echoed "^C".
             click.echo(("\n" if _on_terminal() else "") + "interrupted", err=True)
             raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            _quit_broken_pipe()
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:  # ``quota --help | head -1`` writes while parsing
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            _quit_broken_pipe()
+
+
+def _quit_broken_pipe() -> NoReturn:
+    # What is still buffered for the closed pipe goes nowhere, so that
+    # flushing it at exit raises nothing more.
+    try:
+        fileno = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (a test runner's capture): nothing buffered
+        pass
+    else:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fileno)
+        os.close(devnull)
+    raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)

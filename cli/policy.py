@@ -38,12 +38,15 @@ from quota.http import (
 )
 from quota.http._runtime import (
     ABUSE_THRESHOLD,
+    ANY,
     SETTINGS_TABLE,
     TABLE,
     TIER_MULTIPLIER,
     hash_secret_from_env,
     ip_subject,
     parse_setting,
+    served_routes,
+    unserved_route,
 )
 
 from .main import EXIT_DENIED, POSITIVE, _errors, _json_option, _limiter, main, url_option
@@ -180,7 +183,10 @@ def set_command(
 
     Give at least one of --rates, --cost, --fail-open/--fail-closed, --exempt.
     Every app worker applies the change at the same moment: the first
-    boundary of its cache period at least one second from now.
+    boundary of its cache period at least one second from now. A ROUTE that
+    no middleware on the database serves is stored all the same, with a
+    warning naming the classes served (the middlewares record them at their
+    first request).
     """
     who = _subject(subject, ip, token, tier, ipv6_prefix)
     if rates is None and cost is None and fail_open is None and not exempt:
@@ -195,10 +201,14 @@ def set_command(
                         fail_open=fail_open, exempt=exempt, note=note)  # fmt: skip
     with _table(ctx) as limiter:
         stored = set_policy(limiter, row)
+        served = served_routes(limiter) if route != ANY else []
     if as_json:
         click.echo(json.dumps(asdict(stored), indent=2, sort_keys=True))
     else:
         click.echo(f"set {route} for {who}")
+    warning = unserved_route(route, served)
+    if warning is not None:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @policy.command("delete")

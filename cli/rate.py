@@ -14,6 +14,7 @@ from dataclasses import asdict
 import click
 
 import quota
+from quota._sql import ops
 
 from .main import (
     EXIT_DENIED,
@@ -30,6 +31,16 @@ from .main import (
     when,
 )
 
+#: Keys longer than this are shown cut, with their length (``--json`` keeps them whole).
+SHOWN_KEY = 80
+
+
+def shown_key(key: str) -> str:
+    """`key` quoted as text output shows it: a long one cut with an ellipsis and its length."""
+    if len(key) <= SHOWN_KEY:
+        return repr(key)
+    return f"{key[:SHOWN_KEY]!r}… ({len(key):,} characters)"
+
 
 def _decision_out(decision: quota.Decision, as_json: bool) -> None:
     headers = decision.headers()
@@ -37,7 +48,7 @@ def _decision_out(decision: quota.Decision, as_json: bool) -> None:
     verdict = "allowed" if decision.allowed else "denied"
     now = time.time()
     lines = [
-        f"{verdict}: {decision.key!r} {decision.count}/{decision.limit}"
+        f"{verdict}: {shown_key(decision.key)} {decision.count}/{decision.limit}"
         f" in a {human_duration(decision.window)} window, {decision.remaining} remaining,"
         f" resets {when(decision.reset_at, now)}"
         + (f", retry in {human_duration(decision.retry_after)}" if not decision.allowed else ""),
@@ -95,20 +106,34 @@ def peek(
     ctx: click.Context, key: str, limit: int | None, window: int | None, leases: bool,
     as_json: bool,
 ) -> None:  # fmt: skip
-    """Show KEY's current window without counting a hit (exit 4 if the next hit would be denied).
+    """Show KEY's windows without counting a hit.
 
-    --limit and --window are required, unless --leases: then it lists the live
-    concurrency leases of KEY and the slots free under --limit (default: the
-    limit they were taken under), and exits 4 when none is free.
+    Without --limit and --window: every fixed window of KEY still running,
+    whatever its limit (exit 0, none found included). With both: the window
+    of that limit, as a hit would see it (exit 4 if the next hit would be
+    denied). With --leases: the live concurrency leases of KEY and the slots
+    free under --limit (default: the limit they were taken under); exit 4
+    when none is free.
     """
     if leases:
         _leases_out(ctx, key, limit, as_json)
         return
-    if limit is None or window is None:
-        raise click.UsageError("peek needs --limit and --window (or --leases)")
+    if limit is not None and window is not None:
+        with _errors(), _limiter(ctx) as limiter:
+            decision = limiter.peek(key, limit, window)
+        _decision_out(decision, as_json)
+        return
+    if limit is not None or window is not None:
+        raise click.UsageError("give --limit and --window together, or neither")
+    now = time.time()
     with _errors(), _limiter(ctx) as limiter:
-        decision = limiter.peek(key, limit, window)
-    _decision_out(decision, as_json)
+        rows = limiter.run(ops.windows(key, now))
+    lines = [
+        f"{shown_key(key)}: {u.count} hit(s) in a {human_duration(u.window)} window,"
+        f" resets {when(u.reset_at, now)}"
+        for u in rows
+    ] or [f"{shown_key(key)}: no window running"]
+    _emit([asdict(u) for u in rows], as_json, "\n".join(lines))
 
 
 def _leases_out(ctx: click.Context, key: str, limit: int | None, as_json: bool) -> None:
@@ -138,7 +163,7 @@ def reset(ctx: click.Context, key: str, window: int | None, as_json: bool) -> No
     with _errors(), _limiter(ctx) as limiter:
         deleted = limiter.reset(key, window)
     data = {"key": key, "window": window, "deleted": deleted}
-    _emit(data, as_json, f"reset {key!r}: {deleted} row(s) deleted")
+    _emit(data, as_json, f"reset {shown_key(key)}: {deleted} row(s) deleted")
 
 
 @main.command()

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from quota._cli import main
 
 import quota
+from quota._cli import main
 from quota._core.decision import parse_duration
 from quota._limiter import quota_types as _quotas
-from quota._stores.url import parse_url, redact
+from quota._stores.url import KNOWN_SCHEMES, parse_url, redact
 from quota.http import HttpConfig, RoutePolicy, sign
 from quota.http._identity import verify_signature
 from tests._http_support import FRAMEWORKS, make_client
@@ -505,6 +505,58 @@ def test_configuration_errors_about_urls_never_print_the_password(call: Callable
     with pytest.raises(quota.ConfigurationError) as info:
         call()
     assert "hunter2" not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("scheme", KNOWN_SCHEMES)
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_bad_option_never_prints_the_password_whatever_the_scheme(
+    scheme: str, face: str, tmp_path: Path
+) -> None:
+    """Every scheme, every face: a URL with a password and an option nobody reads."""
+    host = f"/{tmp_path}/x.db" if scheme.startswith("sqlite") else "u:hunter2@127.0.0.1:1/0"
+    url = f"{scheme}://{host}?bogus=1&password=hunter2"
+
+    async def open_async() -> None:
+        async with quota.connect_async(url) as limiter:
+            await limiter.rate_limit("k", 1, 60)
+
+    try:
+        if face == "sync":
+            with quota.connect(url) as limiter:
+                limiter.rate_limit("k", 1, 60)
+        else:
+            asyncio.run(open_async())
+    except quota.QuotaError as exc:
+        assert "hunter2" not in str(exc), str(exc)
+    else:
+        pytest.fail(f"{url} was accepted")
+
+
+def test_every_quota_error_hides_the_passwords_in_its_message() -> None:
+    text = (
+        "cannot reach memory://u:pw1@x or redis+cluster://:pw2@h:1, nor (mysql://a:pw3@h/d);"
+        " tried host=h password=pw4"
+    )
+    for error in (
+        quota.QuotaError,
+        quota.ConfigurationError,
+        quota.StorageError,
+        quota.SchemaError,
+    ):
+        message = str(error(text))
+        assert not any(f"pw{i}" in message for i in range(1, 5)), message
+        assert "memory://u:***@x" in message
+    assert str(quota.StorageError("retry in 5 s")) == "retry in 5 s"
+
+
+def test_migrating_a_database_that_does_not_exist_says_so_in_plain_words(pg_url: str) -> None:
+    missing = pg_url.rsplit("/", 1)[0] + "/quota_no_such_database"
+    with pytest.raises(quota.StorageError) as info:
+        quota.migrate(missing)
+    message = str(info.value)
+    assert 'database "quota_no_such_database" does not exist' in message
+    assert "sqlalche.me" not in message and "Background on this error" not in message
+    assert "(sqlalchemy." not in message
 
 
 def test_the_cli_does_not_print_the_password_of_a_bad_url() -> None:

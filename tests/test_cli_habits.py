@@ -20,9 +20,9 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
-from quota._cli import main
 
 import quota
+from quota._cli import main
 from quota._sql import ops as _ops
 
 SECRET = "habits-hash-secret-0123456789"
@@ -115,7 +115,7 @@ def test_the_url_after_a_command_group_works(sqlite_url: str) -> None:
 
 def test_help_states_the_exit_codes() -> None:
     out = run("--help").output
-    for code in ("0", "1", "2", "3", "4", "130"):
+    for code in ("0", "1", "2", "3", "4", "130", "141"):
         assert re.search(rf"^\s+{code}\s", out, re.M), (code, out)
 
 

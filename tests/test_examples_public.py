@@ -11,6 +11,7 @@ is allowed by exception.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,40 @@ def test_an_example_uses_only_public_names(path: Path) -> None:
 )
 def test_the_check_catches_every_form_of_private_use(source: str) -> None:
     assert private_uses(source) != [], source
+
+
+ROOT = EXAMPLES.parent
+_PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+
+
+def _snippets() -> list[tuple[str, str]]:
+    """Every ```python block of README.md and the documentation, as (``file#n``, source)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        blocks = _PYTHON_BLOCK.findall(path.read_text())
+        found += [(f"{path.relative_to(ROOT)}#{i}", block) for i, block in enumerate(blocks)]
+    return found
+
+
+def test_readme_has_python_snippets() -> None:
+    assert sum(name.startswith("README.md#") for name, _ in _snippets()) >= 3
+
+
+@pytest.mark.parametrize(("name", "source"), _snippets(), ids=[n for n, _ in _snippets()])
+def test_a_snippet_compiles_as_pasted_and_uses_only_public_names(name: str, source: str) -> None:
+    """What a reader pastes into a file must at least be Python (no ``return`` at top level)."""
+    compile(source, name, "exec")
+    assert private_uses(source, name) == []
+
+
+def test_getting_started_lists_every_extra() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    table = (ROOT / "docs" / "getting-started.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z]+)` \|", table, re.M))
+    assert set(extras) == listed
 
 
 def test_the_check_passes_public_names() -> None:

@@ -12,6 +12,7 @@
 
 Driver exceptions are never raised bare: a store wraps them in `StorageError`
 (or `SchemaError`) with ``raise ... from exc`` so the original stays attached.
+A URL in a message never shows its password.
 """
 
 from __future__ import annotations
@@ -23,7 +24,19 @@ if TYPE_CHECKING:
 
 
 class QuotaError(Exception):
-    """Root of every error raised by `quota`."""
+    """Root of every error raised by `quota`.
+
+    A URL in the message is shown without its password, whatever its scheme
+    (and a ``password=`` parameter without its value), so that an error can
+    be logged or printed as it is.
+    """
+
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str) and ("://" in args[0] or "pass" in args[0].lower()):
+            from quota._stores.url import redact_text  # the URL module raises these errors
+
+            args = (redact_text(args[0]), *args[1:])
+        super().__init__(*args)
 
 
 class ConfigurationError(QuotaError, ValueError):

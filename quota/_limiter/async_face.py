@@ -32,7 +32,7 @@ from quota._core.decision import (
     hit_params,
     stored_key,
 )
-from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout
+from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout, SchemaError
 from quota._core.leases import MAX_SLOTS, ConcurrencyUsage
 from quota._core.rates import as_rates, most_restrictive
 from quota._core.waiting import MAX_TIMEOUT, Deadline, check_timeout, jitter_spread, pause
@@ -100,9 +100,10 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         the capacity of the last two (default `limit`). One atomic statement
         per call. Raises `ConfigurationError` for bad arguments (a `cost` the
         limit can never allow included), `StorageError` when the database
-        fails, `SchemaError` when the tables are missing; with a `fallback`
-        (see `quota.connect_async`) it never raises for the database: memory
-        decides while it is down, and a `fail_closed` call is denied instead.
+        fails, `SchemaError` when the tables are missing (with a `fallback` too);
+        with a `fallback` (see `quota.connect_async`) it never raises for an
+        outage: memory decides while the database is down, and a
+        `fail_closed` call is denied instead.
         """
         if window.__class__ is not int:
             window = check_seconds("window", window, maximum=MAX_WINDOW)
@@ -123,6 +124,8 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
                 rows = await self.store.execute(_sql.HIT, params)
             else:
                 rows = await self.store.execute(_sql.HIT_CAPPED, (*params, limit))
+        except SchemaError:
+            raise  # never migrated: a deployment error, never decided from memory
         except Exception:
             if self._fallback is None:
                 raise
@@ -171,6 +174,8 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             if self._observing:
                 self._observe(decision, "fallback")
             return decision
+        except SchemaError:
+            raise
         except Exception:
             if self._fallback is None:
                 raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -197,6 +198,18 @@ async def _run_async(url: str, run: Any, connect_args: dict[str, Any]) -> None:
         await engine.dispose()
 
 
+#: What SQLAlchemy adds around a driver's message: the class of the error it
+#: wrapped, in front, and a link to its own documentation, at the end.
+_SA_WRAPPING = re.compile(
+    r"^\((?:sqlalchemy|psycopg|asyncpg|sqlite3)[\w.]*\) |\s*\(Background on this error at: [^)]*\)"
+)
+
+
+def _driver_text(exc: BaseException) -> str:
+    """The driver's own message of `exc`, without SQLAlchemy's wrapping."""
+    return _SA_WRAPPING.sub("", str(exc)).strip()
+
+
 @contextlib.contextmanager
 def _alembic_errors(url: str | None) -> Iterator[None]:
     """Wrap driver errors, and give a host's Alembic context back as it was.
@@ -220,7 +233,8 @@ def _alembic_errors(url: str | None) -> Iterator[None]:
         yield
     except (sa.exc.DBAPIError, OSError) as exc:
         where = redact(url) if url else "the given connection"
-        text = str(exc).replace(url, where) if url else str(exc)
+        text = _driver_text(exc)
+        text = text.replace(url, where) if url else text
         if "prepared statement" in text:
             text += (
                 " (a transaction pooler in front of the database? add ?prepared_statements=false"

@@ -215,6 +215,14 @@ class Usage:
     reset_at: int
 
 
+def windows(key: str, now: float) -> Generator[Step, Rows, list[Usage]]:
+    """`key`'s fixed windows that have not ended yet, whatever their limit, shortest first."""
+    rows = yield _sql.KEY_WINDOWS, (stored_key(key), int(now))
+    return [
+        Usage(display_key(str(k)), int(w), int(c), int(start) + int(w)) for k, w, start, c in rows
+    ]
+
+
 def top(now: float, limit: int) -> Generator[Step, Rows, list[Usage]]:
     """The busiest keys in windows that have not ended yet, busiest first."""
     check_int("n", limit, maximum=100_000)

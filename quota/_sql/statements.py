@@ -140,6 +140,14 @@ TOP = Statement(
     " WHERE (window_start + window_seconds) > ? ORDER BY count DESC, client_key LIMIT ?",
 )
 
+#: One key's windows still running, shortest first. Params: client_key, now.
+KEY_WINDOWS = Statement(
+    "key_windows",
+    "SELECT client_key, window_seconds, window_start, count FROM quota_counters"
+    " WHERE client_key = ? AND (window_start + window_seconds) > ?"
+    " ORDER BY window_seconds, window_start",
+)
+
 SCHEMA_VERSION = Statement("schema_version", f"SELECT version_num FROM {VERSION_TABLE}")
 
 #: PostgreSQL only: one cleanup at a time across every app instance.

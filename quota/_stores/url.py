@@ -204,6 +204,19 @@ def redact(url: str) -> str:
     return scheme + sep + _QUERY_PASSWORD.sub(r"\1\2***", rest)
 
 
+#: A URL inside a message: a scheme, ``://``, then everything up to a blank or a quote.
+#: (``scheme://[``: a bracketed IPv6 host, or a template such as ``redis://[:password@]host``.)
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?!\[)[^\s'\"<>`]+")
+
+
+def redact_text(text: str) -> str:
+    """`text` with the password of every URL in it hidden (see `redact`), whatever its
+    scheme, and every ``password=`` parameter outside one too."""
+    if "://" in text:
+        text = _URL_IN_TEXT.sub(lambda found: redact(found.group(0)), text)
+    return _QUERY_PASSWORD.sub(r"\1\2***", text)
+
+
 def default_url() -> str:
     """``$QUOTA_DATABASE_URL``, else the embedded SQLite file in the working directory."""
     return os.environ.get(ENV_VAR) or DEFAULT_URL

@@ -29,20 +29,26 @@ import sqlite3
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 from quota._core.algorithms import FIXED_WINDOW, Rate, check_algorithm
+from quota._core.decision import stored_key
 from quota._core.errors import ConfigurationError
 from quota._limiter import connect, connect_async
+from quota._sql import ops as _ops
 from quota._sql import statements as _sql
 from quota._sql.migrate import migrate
+from quota._sql.statements import Statement
+from quota._stores.base import Rows, Step
 from quota._stores.sqlite import aset_up, set_up
 from quota._stores.url import SCHEMALESS, StoreURL, parse_url
 
 WINDOW = 3600
 LIMIT = 2**60
+#: The start of every key the benchmark counts under; its rows are deleted when it ends.
+KEY_PREFIX = "bench"
 
 
 @dataclass
@@ -131,7 +137,7 @@ class BenchReport:
 
 def _key_stream(keys: int, seed: int) -> Callable[[], str]:
     rng = random.Random(seed)
-    names = [f"bench:{i}" for i in range(keys)]
+    names = [f"{KEY_PREFIX}:{i}" for i in range(keys)]
     return lambda: names[rng.randrange(keys)]
 
 
@@ -360,7 +366,7 @@ async def _async_quota(
     async with connect_async(url, pool_size=pool_size, fallback=fallback) as limiter:
         # Open the pool up front: connecting is not what is measured.
         await asyncio.gather(
-            *(limiter.rate_limit("bench:warm", LIMIT, WINDOW) for _ in range(pool_size))
+            *(limiter.rate_limit(f"{KEY_PREFIX}:warm", LIMIT, WINDOW) for _ in range(pool_size))
         )
 
         async def work(i: int, go: Callable[[], bool]) -> int:
@@ -507,6 +513,61 @@ def run_bench(
         if acquire
         else {"bare": f"bare {driver}", "quota": "quota"}
     )
+    try:
+        _measure(report, parsed, base_url, runs, labels, pool_size, say)
+    finally:
+        # Whatever happened: the keys it counted, none other (as `quota demo`).
+        if parsed.dialect != "memory":
+            removed = _remove_keys(base_url, parsed, keys, quotas=scenario != "rate")
+            say(f"bench: removed its {keys + 1} keys' rows ({removed} row(s))")
+    return report
+
+
+def _bench_keys(keys: int) -> list[str]:
+    """Every key the benchmark counts under: its callers' and the warm-up's."""
+    return [f"{KEY_PREFIX}:{i}" for i in range(keys)] + [f"{KEY_PREFIX}:warm"]
+
+
+def _remove_keys(url: str, parsed: StoreURL, keys: int, *, quotas: bool = False) -> int:
+    """Delete the windows and states of the benchmark's keys, and with `quotas` the usage
+    and ledger rows of its quota (``bench``) for them; the rows deleted."""
+    with connect(url) as limiter:
+        if parsed.dialect in SCHEMALESS:
+            return sum(limiter.reset(key) for key in _bench_keys(keys))
+        return limiter.run(_reset_all(_bench_keys(keys), quotas), transaction=True)
+
+
+#: The benchmark's own quota rows (its quota is named `bench_quotas.NAME`). Params: subject.
+_DELETE_USAGE = Statement(
+    "bench_delete_usage",
+    "DELETE FROM quota_usage WHERE subject = ? AND name = 'bench' RETURNING 1",
+)
+_DELETE_LEDGER = Statement(
+    "bench_delete_ledger",
+    "DELETE FROM quota_ledger WHERE subject = ? AND name = 'bench' RETURNING 1",
+)
+
+
+def _reset_all(keys: list[str], quotas: bool) -> Generator[Step, Rows, int]:
+    deleted = 0
+    for key in keys:
+        deleted += yield from _ops.reset(stored_key(key), None)
+        if quotas:
+            for statement in (_DELETE_USAGE, _DELETE_LEDGER):
+                deleted += len((yield statement, (key,)))
+    return deleted
+
+
+def _measure(
+    report: BenchReport, parsed: StoreURL, base_url: str, runs: int, labels: dict[str, str],
+    pool_size: int | None, say: Callable[[str], None],
+) -> None:  # fmt: skip
+    from quota._tools import bench_quotas as _bench_quotas
+
+    face, scenario, algorithm = report.face, report.scenario, report.algorithm
+    concurrency, keys, duration, fallback, acquire = (
+        report.concurrency, report.keys, report.duration, report.fallback, report.acquire,
+    )  # fmt: skip
     for run in range(runs):
         order: tuple[str, ...] = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
         if parsed.dialect == "memory" and not acquire:
@@ -541,4 +602,3 @@ def run_bench(
                 rate = asyncio.run(_async_bare(parsed, concurrency, keys, duration))
             (report.bare if side == "bare" else report.quota).append(rate)
             say(f"bench: run {run + 1}/{runs}: {labels[side]} {rate:,.0f}/s")
-    return report

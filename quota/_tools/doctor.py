@@ -47,6 +47,7 @@ from quota._sql.schema import (
 )
 from quota._sql.statements import DB_NOW, SCHEMA_VERSION, VERSION_TABLE
 from quota._stores.url import StoreURL, default_url, parse_url, redact
+from quota.http._runtime import ANY, ROUTE_CLASS, unserved_route
 
 OK = "ok"
 WARN = "warn"
@@ -78,7 +79,8 @@ class Finding:
     check: str
     """What was checked: ``url``, ``connectivity``, ``schema``, ``schema_drift``,
     ``sqlite_version``, ``journal_mode``, ``standby``, ``read_only``, ``persistence``,
-    ``fillfactor``, ``hot_updates``, ``clock_skew`` or ``eviction`` (Redis).
+    ``fillfactor``, ``hot_updates``, ``route_classes`` (an override of a route class no
+    middleware serves), ``clock_skew`` or ``eviction`` (Redis).
 
     ``schema_drift`` compares the live tables with what the migrations make at the
     recorded revision: tables, columns (type, collation, NULL or NOT NULL), indexes
@@ -324,6 +326,7 @@ def _diagnose_sqlite(parsed: StoreURL, clock: Clock, timeout: float) -> list[Fin
         findings += _schema_checks(
             lambda: _version(query), lambda: sqlite_schema(query, TABLES), "sqlite", shown
         )
+        findings += _route_classes(query)
         findings += _checked(
             "journal_mode",
             lambda: [journal_mode_finding(str(query("PRAGMA journal_mode")[0][0]), path)],
@@ -427,6 +430,7 @@ def _diagnose_postgres(parsed: StoreURL, clock: Clock, timeout: float) -> list[F
         findings += _schema_checks(
             lambda: _pg_version(query), lambda: postgres_schema(query, TABLES), "postgresql", shown
         )
+        findings += _route_classes(query)
         for table in HOT_TABLES:
             findings += _checked("persistence", functools.partial(_pg_table, query, table))
         findings += _checked("clock_skew", lambda: [_skew(query, DB_NOW["postgresql"], clock)])
@@ -1375,6 +1379,65 @@ def schema_finding(revision: str | None, url: str, present: Sequence[str] = ()) 
     return Finding(
         "schema", OK, f"the schema is at revision {revision} (this code needs {REQUIRED})"
     )
+
+
+# -- route classes -------------------------------------------------------------------------
+
+_OVERRIDE_ROUTES = (
+    "SELECT route, rates, algorithm, cost, fail_open, exempt FROM quota_policies ORDER BY route"
+)
+_SETTING_NAMES = "SELECT name, value FROM quota_settings ORDER BY name"
+
+
+def _route_classes(query: Query) -> list[Finding]:
+    """The ``route_classes`` finding; none when the tables cannot be read (the schema
+    findings say why)."""
+    try:
+        overrides = [str(row[0]) for row in query(_OVERRIDE_ROUTES) if any(row[1:5]) or row[5]]
+        names = [str(row[0]) for row in query(_SETTING_NAMES) if row[1] is not None]
+    except Exception:
+        return []
+    served = [n[len(ROUTE_CLASS) :] for n in names if n.startswith(ROUTE_CLASS)]
+    return route_class_findings(overrides, served)
+
+
+def route_class_findings(overrides: Sequence[str], served: Sequence[str]) -> list[Finding]:
+    """Overrides (their route names) against the route classes the middlewares serve.
+
+    An override of a class no middleware serves changes nothing: a warning
+    naming the classes served and the closest one. Nothing is said when no
+    override names a class, or when no middleware has recorded its classes.
+    """
+    named = sorted({route for route in overrides if route != ANY})
+    if not named:
+        return []
+    if not served:
+        return [
+            Finding(
+                "route_classes", OK,
+                f"{len(named)} route class(es) overridden; no middleware has recorded the"
+                " classes it serves yet (each does at its first request), so they were not"
+                " checked",
+            )
+        ]  # fmt: skip
+    served = sorted(set(served))
+    problems = [message for route in named if (message := unserved_route(route, served))]
+    if not problems:
+        return [
+            Finding(
+                "route_classes", OK,
+                f"every overridden route class is served ({', '.join(named)})",
+            )
+        ]  # fmt: skip
+    unknown = [route for route in named if route not in served]
+    return [
+        Finding(
+            "route_classes", WARN, problem,
+            f"check the spelling: `quota policy delete {route}` (with its --subject), then"
+            " set it again under the name of a class served",
+        )
+        for route, problem in zip(unknown, problems, strict=True)
+    ]  # fmt: skip
 
 
 def _skew(query: Query, db_now: str, clock: Clock) -> Finding:

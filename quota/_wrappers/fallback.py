@@ -13,7 +13,9 @@ come from the database again. Each transition is logged once.
 
 The limiter above this wrapper turns any error that still escapes (memory
 failing too) into an allowed decision, and answers fail-closed calls with a
-denial while the store is down; see `quota._limiter`.
+denial while the store is down; see `quota._limiter`. A `SchemaError` (the
+tables missing: ``quota migrate`` never run) is neither: it is raised to the
+caller, never decided from memory.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from quota._core.errors import ConfigurationError, QuotaError, StorageError
+from quota._core.errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
 from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore
@@ -65,9 +67,12 @@ class Fallback:
 
 def _is_outage(exc: QuotaError) -> bool:
     """True for a `StorageError` that says the database is unreachable or too slow; False
-    for one about the statement itself. A `ConfigurationError` is raised again."""
-    if isinstance(exc, ConfigurationError):
-        raise exc  # the caller's own mistake: never decided from memory
+    for one about the statement itself. A `ConfigurationError` or `SchemaError` is raised
+    again."""
+    if isinstance(exc, (ConfigurationError, SchemaError)):
+        # The caller's own mistake, or a database never migrated: a deployment
+        # error that `quota migrate` fixes, never an outage decided from memory.
+        raise exc
     return isinstance(exc, StorageError) and exc.outage
 
 
@@ -432,6 +437,8 @@ class AsyncResilientStore:
                 seconds = HUNG_AFTER_BUDGETS * budget
                 self._down(StorageError(f"store {self.health.url} did not connect in {seconds:g}s"))
             return False
+        except SchemaError:
+            raise  # never migrated: not an outage (see `_is_outage`)
         except Exception as exc:
             self._down(exc)
             return False

@@ -564,12 +564,17 @@ class HttpConfig:
 
         Code sets the shape (route classes and their defaults); the
         environment tunes it per deployment. See `ENV_VARS` for every
-        variable. A malformed variable raises `ConfigurationError` naming it.
+        variable. A malformed variable raises `ConfigurationError` naming it;
+        a ``QUOTA_*`` variable nothing reads (a misspelt name) is logged once,
+        as a warning on the ``quota`` logger naming the closest known one.
         """
-        from quota.http._env import apply_env
+        from quota.http._env import apply_env, warn_unread
 
         env = os.environ if environ is None else environ
-        return cls(**apply_env(env, settings))
+        config = cls(**apply_env(env, settings))
+        routes = [p.name for p in (*config.policies, config.default) if p is not None]
+        warn_unread(env, routes)
+        return config
 
 
 #: The class a middleware built without a config limits every path with.

@@ -16,6 +16,9 @@ headers to add to the app's response. `drive_sync` and `drive_async` are the
 two drivers; the middlewares are thin adapters around them. Nothing in the
 flow raises into a request: a failing limiter becomes the route class's
 fail-open pass or fail-closed 503, a failing hook falls back to the default.
+A missing schema (`quota.SchemaError`: ``quota migrate`` was never run) is a
+deployment error, not an outage: every class fails closed with a 503 and an
+ERROR log line naming the command, at most once per `ERROR_LOG_SECONDS`.
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from quota._core.algorithms import Rate
 from quota._core.decision import Decision
-from quota._core.errors import ConfigurationError
+from quota._core.errors import ConfigurationError, SchemaError
 from quota._wrappers.abuse import AbuseDetector, AlertCallback
 from quota._wrappers.fallback import Fallback, StoreDown
 from quota._wrappers.metrics import Metrics as QuotaMetrics
@@ -71,6 +74,9 @@ if TYPE_CHECKING:
     from quota._limiter.sync_face import Limiter
 
 log = logging.getLogger("quota.http")
+
+#: A failing limiter is logged at most once per this many seconds, not once per request.
+ERROR_LOG_SECONDS = 10.0
 
 #: Stores whose limiter a middleware opens with group commit: the SQL ones (one
 #: statement) and Redis (one pipeline); the memory store decides in the process.
@@ -290,6 +296,12 @@ class Guard:
         # The X-RateLimit-Lane header of each tier seen (() for a tier no header can carry).
         self._lanes: dict[str, tuple[str, str] | tuple[()]] = {}
         self._settings = threading.Lock()
+
+    @property
+    def route_names(self) -> tuple[str, ...]:
+        """The names of the route classes this guard limits with (its default class's too)."""
+        config = self.config
+        return tuple(p.name for p in (*config.policies, config.default) if p is not None)
 
     # -- the flow --------------------------------------------------------------------
 
@@ -586,19 +598,30 @@ class Guard:
         self, route: RoutePolicy, tier: str, request: RequestInfo, fail_open: bool,
         exc: BaseException,
     ) -> Verdict:  # fmt: skip
-        mode = "open" if fail_open or self.config.shadow or route.shadow else "closed"
+        # A missing schema fails every request alike until someone migrates:
+        # passing them all would be a limit that silently limits nothing.
+        schema = isinstance(exc, SchemaError)
+        passes = not schema and (fail_open or self.config.shadow or route.shadow)
+        mode = "open" if passes else "closed"
         self.metrics.inc("errors", route=route.name, mode=mode)
         if self.metrics.sink is not None:
             self.metrics.sink.record_decision(
                 mode == "open", source="fail_open", route=route.name, tier=tier
             )
         stamp = time.monotonic()
-        if stamp - self._last_error_log >= 10:  # one line per 10 s, not one per request
+        if stamp - self._last_error_log >= ERROR_LOG_SECONDS:  # not one line per request
             self._last_error_log = stamp
-            log.warning(
-                "quota: the limiter failed on route class %r (%s: %s); failing %s",
-                route.name, type(exc).__name__, exc, mode,
-            )  # fmt: skip
+            if schema:
+                log.error(
+                    "quota: %s; every limited request is answered 503 until it is"
+                    " (route class %r)",
+                    exc, route.name,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "quota: the limiter failed on route class %r (%s: %s); failing %s",
+                    route.name, type(exc).__name__, exc, mode,
+                )  # fmt: skip
         if mode == "open":
             return PASS
         retry = self.config.unavailable_retry_after
@@ -784,13 +807,17 @@ def _store_down() -> StoreDown:
     return StoreDown("the limiter's store is down (its fallback refuses fail-closed classes)")
 
 
-def sync_effects(limiter: Limiter) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
+def sync_effects(
+    limiter: Limiter, routes: Sequence[str] = ()
+) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
     """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`.
 
     A single rate goes through ``rate_limit`` (the limiter's hot path for a
     fixed window), several through ``hit``. On a limiter with a fallback, a
     fail-closed class's hit raises `StoreDown` while the store is down (the
-    class answers 503) instead of being decided from memory.
+    class answers 503) instead of being decided from memory. `load` also
+    records `routes`, the names of the route classes the middleware serves, in
+    ``quota_settings`` when they are not there yet (see `read_op`).
     """
     rate_limit, hit_many = limiter.rate_limit, limiter.hit
     store, guarded = limiter.store, limiter.options.fallback is not None
@@ -814,13 +841,13 @@ def sync_effects(limiter: Limiter) -> tuple[Callable[[Hit], Decision], Callable[
 
     def load() -> Snapshot:
         # Under a fallback: held to its budget, refused while the store is down.
-        return limiter.run(read_op(), strict=True)
+        return limiter.run(read_op(routes, limiter.options.app_clock()), strict=True)
 
     return hit, load
 
 
 def async_effects(
-    limiter: AsyncLimiter,
+    limiter: AsyncLimiter, routes: Sequence[str] = ()
 ) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
     """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`; see `sync_effects`."""
     rate_limit, hit_many = limiter.rate_limit, limiter.hit
@@ -856,7 +883,7 @@ def async_effects(
 
     def load() -> Awaitable[Snapshot]:
         # Under a fallback: held to its budget, refused while the store is down.
-        return limiter.run(read_op(), strict=True)
+        return limiter.run(read_op(routes, limiter.options.app_clock()), strict=True)
 
     return hit, load
 

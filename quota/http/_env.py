@@ -8,9 +8,11 @@ code. Every variable set is checked, used or not: a malformed one raises
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -80,6 +82,57 @@ ENV_VARS: Mapping[str, str] = {
     "QUOTA_ABUSE_INTERVAL": "seconds a key stays quiet after an abuse alert (default 900)",
 }
 """Every variable `HttpConfig.from_env` reads, with what it sets."""
+
+#: The other ``QUOTA_*`` variables quota reads: the store's URL, the load shedder's.
+OTHER_VARS = ("QUOTA_DATABASE_URL", "QUOTA_SHED_CEILING", "QUOTA_SHED_RETRY_AFTER")
+#: What follows ``QUOTA_POLICY_<NAME>_`` in the variables of one route class.
+POLICY_FIELDS = ("RATES", "AUTHED_RATES", "COST", "FAIL_OPEN")
+#: Prefixes of the variables of the repository's own tests, benchmarks and examples.
+_TOOLING = ("QUOTA_TEST_", "QUOTA_BENCH_", "QUOTA_EXAMPLE_", "QUOTA_LIMITS_", "QUOTA_HTTP_FUZZ_")
+
+log = logging.getLogger("quota")
+_warned: set[str] = set()
+
+
+def known_names(routes: Iterable[str]) -> set[str]:
+    """Every ``QUOTA_*`` variable quota reads for a config whose route classes are `routes`."""
+    names = {name for name in ENV_VARS if name.startswith("QUOTA_") and "<" not in name}
+    names.update(OTHER_VARS)
+    for route in {*routes, "default"}:
+        names.update(f"QUOTA_POLICY_{_env_key(route)}_{field}" for field in POLICY_FIELDS)
+    return names
+
+
+def unread_names(env: Mapping[str, str], routes: Iterable[str]) -> dict[str, str | None]:
+    """The ``QUOTA_*`` variables set in `env` that nothing reads, each with the closest known name."""
+    known = known_names(routes)
+    unread = sorted(
+        name for name in env
+        if name.startswith("QUOTA_") and name not in known and not name.startswith(_TOOLING)
+    )  # fmt: skip
+    return {
+        name: next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.6)), None)
+        for name in unread
+    }
+
+
+def warn_unread(env: Mapping[str, str], routes: Sequence[str]) -> None:
+    """Log one warning (once per process and name) for each ``QUOTA_*`` variable nothing reads.
+
+    A misspelt variable (``QUOTA_POLICY_APII_RATES``) would otherwise change
+    nothing without a word.
+    """
+    for name, closest in unread_names(env, routes).items():
+        if name in _warned:
+            continue
+        _warned.add(name)
+        hint = f"; did you mean {closest}?" if closest else ""
+        log.warning(
+            "quota: the environment variable %s is set but no setting reads it (route"
+            " classes: %s)%s",
+            name, ", ".join(sorted({*routes, "default"})), hint,
+        )  # fmt: skip
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

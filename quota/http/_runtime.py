@@ -67,6 +67,10 @@ name                           value
                                `HttpConfig.tier_multipliers` (0.001 to 1000)
 ``abuse_threshold``            429s to one key within ``abuse_window`` that
                                raise an abuse alert; 0 turns alerts off
+``route_class.<name>``         not a setting: ``served``, written by a
+                               middleware serving that route class (see
+                               `read_op`), so that an override of a class
+                               nobody serves can be told (`served_routes`)
 =============================  ================================================
 
 It is read in the same refresh as the policies and a change applies at the
@@ -83,6 +87,7 @@ once.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import logging
 import math
@@ -155,6 +160,11 @@ SETTINGS_TABLE = "quota_settings"
 TIER_MULTIPLIER = "tier_multiplier."
 #: Name of the setting of the abuse alert threshold.
 ABUSE_THRESHOLD = "abuse_threshold"
+#: Name of the row recording that a middleware serves a route class: this prefix, then its
+#: name. Not a setting: it changes nothing, it lets the CLI and doctor tell a misspelt class.
+ROUTE_CLASS = "route_class."
+#: The value of a ``route_class.<name>`` row.
+SERVED = "served"
 SELECT_SETTINGS = Statement(
     "settings_select", "SELECT name, value, note, updated_at FROM quota_settings ORDER BY name"
 )
@@ -196,7 +206,7 @@ def _unreachable(exc: BaseException) -> bool:
     return True
 
 
-def read_op() -> Op[Snapshot]:
+def read_op(register: Sequence[str] = (), now: float = 0.0) -> Op[Snapshot]:
     """The read of both tables as a store operation (``store.run(read_op(), transaction=False)``).
 
     Two statements, each failing on its own: a missing ``quota_settings``
@@ -207,6 +217,12 @@ def read_op() -> Op[Snapshot]:
     ``execute_strict`` (``limiter.run(read_op(), strict=True)``): never from memory, each
     statement held to the fallback's budget, refused at once while the
     database is down (the last good overrides and settings stay in force).
+
+    `register` names the route classes the middleware serves: each one not
+    yet recorded in ``quota_settings`` (a ``route_class.<name>`` row stamped
+    `now`) is written there, so that ``quota policy set`` and ``quota
+    doctor`` can tell a misspelt route class. A write that fails (a
+    read-only role) is left for the next read; the snapshot is unchanged.
     """
     policies: Rows | BaseException
     settings: Rows | BaseException
@@ -220,6 +236,16 @@ def read_op() -> Op[Snapshot]:
         settings = yield SELECT_SETTINGS, ()
     except Exception as exc:
         settings = exc
+    if register and not isinstance(settings, BaseException):
+        recorded = {str(row[0]) for row in settings if row[1] is not None}
+        for route in register:
+            name = ROUTE_CLASS + route
+            if name in recorded:
+                continue
+            try:
+                yield UPSERT_SETTING, (name, SERVED, None, now)
+            except Exception:
+                break  # not writable (or gone): the next read tries again
     return Snapshot(policies, settings)
 
 
@@ -655,6 +681,8 @@ class RuntimeSettings:
             except (ValueError, TypeError) as exc:
                 self._malformed(repr(list(values)), None, 0.0, exc)
                 continue
+            if row.name.startswith(ROUTE_CLASS):
+                continue  # what the middlewares serve: no setting
             value: float | int | None = None
             if row.value is not None:
                 try:
@@ -905,7 +933,34 @@ def list_settings(limiter: Limiter) -> list[SettingRow]:
     those; `SettingRow.parsed` says why).
     """
     rows = (_setting(values) for values in limiter.run(_statements((SELECT_SETTINGS, ()))))
-    return [row for row in rows if row.value is not None]
+    return [row for row in rows if row.value is not None and not row.name.startswith(ROUTE_CLASS)]
+
+
+def unserved_route(route: str, served: Sequence[str]) -> str | None:
+    """What is wrong with an override of `route` when the middlewares serve `served`; None if
+    nothing (``*``, a class served, or no class recorded yet to compare with)."""
+    if route == ANY or not served or route in served:
+        return None
+    closest = difflib.get_close_matches(route, served, n=1)
+    return (
+        f"no middleware on this database serves a route class {route!r}, so its overrides"
+        f" change nothing (the classes served: {', '.join(served)})"
+        + (f"; did you mean {closest[0]!r}?" if closest else "")
+    )
+
+
+def served_routes(limiter: Limiter) -> list[str]:
+    """The route classes the middlewares on this database have said they serve, sorted.
+
+    Each middleware records its classes at its first read of the runtime
+    policies; empty when none has yet (or the database predates it).
+    """
+    rows = (_setting(values) for values in limiter.run(_statements((SELECT_SETTINGS, ()))))
+    return sorted(
+        row.name[len(ROUTE_CLASS) :]
+        for row in rows
+        if row.value is not None and row.name.startswith(ROUTE_CLASS)
+    )
 
 
 def set_setting(

@@ -11,12 +11,16 @@
 
 Imports no web framework. Only HTTP requests are limited; WebSocket and
 lifespan traffic passes through (the middleware closes the limiters it opened
-itself at lifespan shutdown).
+itself at lifespan shutdown). At lifespan startup, once the app's own startup
+is complete, the middleware reads the store's schema version: a database
+without quota's tables fails the startup with `quota.SchemaError` (the
+server exits, naming ``quota migrate``) instead of serving unlimited.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections.abc import (
     Awaitable,
@@ -30,8 +34,11 @@ from collections.abc import (
 from typing import Any
 from urllib.parse import quote
 
+from quota._core.errors import SchemaError
 from quota._limiter import AsyncLimiter, Limiter, connect_async
-from quota._stores.url import default_url, parse_url
+from quota._sql.statements import SCHEMA_VERSION
+from quota._stores.base import Op, Rows
+from quota._stores.url import SCHEMALESS, default_url, parse_url
 from quota._wrappers.abuse import AlertCallback
 from quota.http._capacity import Plans
 from quota.http._config import HttpConfig
@@ -62,6 +69,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("quota.http")
 
 _EXPOSE = b"access-control-expose-headers"
 #: Header names as ASGI sends them (lower-case bytes), encoded once.
@@ -136,6 +145,8 @@ class Limiters:
         )
         #: The effect functions of each limiter in use, made once.
         self.effects: dict[int, tuple[Any, Any, Any]] = {}
+        #: The route classes served, recorded in the database with the runtime policies' read.
+        self.routes: tuple[str, ...] = ()
 
     def get(self) -> AsyncLimiter | Limiter:
         if self.given is not None:
@@ -157,11 +168,37 @@ class Limiters:
         """`limiter`'s ``hit`` and ``load`` for `drive_sync` or `drive_async`, made once per limiter."""
         effects = self.effects.get(id(limiter))
         if effects is None or effects[0] is not limiter:
-            made = sync_effects(limiter) if isinstance(limiter, Limiter) else async_effects(limiter)
+            made = (
+                sync_effects(limiter, self.routes)
+                if isinstance(limiter, Limiter)
+                else async_effects(limiter, self.routes)
+            )
             if len(self.effects) >= 64:  # limiters of loops (or settings) long gone
                 self.effects.clear()
             effects = self.effects[id(limiter)] = (limiter, *made)
         return effects[1], effects[2]
+
+    async def check_schema(self) -> None:
+        """Read the store's schema version: `SchemaError` when quota's tables are missing or old.
+
+        Any other failure (the database not reachable yet) is logged and left
+        to the request path, where it is an outage like any other.
+        """
+        if self.dialect in SCHEMALESS:
+            return
+        limiter = self.get()
+        try:
+            if isinstance(limiter, Limiter):
+                limiter.run(_schema_version(), strict=True)
+            else:
+                await limiter.run(_schema_version(), strict=True)
+        except SchemaError:
+            raise
+        except Exception as exc:
+            log.warning(
+                "quota: could not read the schema version at startup (%s: %s); serving anyway",
+                type(exc).__name__, exc,
+            )  # fmt: skip
 
     async def aclose(self) -> None:
         """Close the limiters opened here (never the one given)."""
@@ -169,6 +206,11 @@ class Limiters:
         limiter = self._owned.pop(loop, None)
         if limiter is not None:
             await limiter.aclose()
+
+
+def _schema_version() -> Op[Rows]:
+    rows: Rows = yield SCHEMA_VERSION, ()
+    return rows
 
 
 async def decide(guard: Guard, limiters: Limiters, request: RequestInfo) -> Verdict:
@@ -271,13 +313,15 @@ class QuotaMiddleware:
             identify=identify, token_validator=token_validator, response_factory=response_factory,
             plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
         ), dialect=self.limiters.dialect, app_clock=self.limiters.clock())  # fmt: skip
+        self.limiters.routes = self.guard.route_names
         self.metrics = self.guard.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
         if kind != "http" or not self.guard.config.enabled:
-            if kind == "lifespan":
-                receive = self._closing_receive(receive)
             await self.app(scope, receive, send)
             return
         request = asgi_request(scope)
@@ -305,6 +349,32 @@ class QuotaMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the lifespan through; check the schema when the app says its startup is done.
+
+        A `SchemaError` is raised out of the app's ``send`` of
+        ``lifespan.startup.complete``: a framework reports it as
+        ``lifespan.startup.failed`` (with the message) and the server exits;
+        for an app that does not, the middleware sends that message itself.
+        """
+        reported = False
+
+        async def checking_send(message: Message) -> None:
+            nonlocal reported
+            kind = message.get("type")
+            if kind == "lifespan.startup.complete" and self.guard.config.enabled:
+                await self.limiters.check_schema()
+            elif kind == "lifespan.startup.failed":
+                reported = True
+            await send(message)
+
+        try:
+            await self.app(scope, self._closing_receive(receive), checking_send)
+        except SchemaError as exc:
+            if not reported:
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            raise
 
     def _closing_receive(self, receive: Receive) -> Receive:
         async def wrapped() -> Message:

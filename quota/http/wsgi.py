@@ -126,7 +126,7 @@ class QuotaWSGIMiddleware:
             plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
         ), dialect=limiter.store.dialect, app_clock=limiter.options.app_clock)  # fmt: skip
         self.metrics = self.guard.metrics
-        self._effects = sync_effects(limiter)
+        self._effects = sync_effects(limiter, self.guard.route_names)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if not self.guard.config.enabled:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -365,6 +366,41 @@ def test_a_store_that_is_down_fails_open_or_closed_per_class(
         assert json.loads(refused.content)["code"] == "RATE_LIMIT_UNAVAILABLE"
         assert observed.count("errors", route="pay", mode="closed") == 1
         assert VIEW_CALLS == ["/api/items"]
+
+
+def _unmigrated_url(store_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A database of the same kind as `store_url` without quota's tables."""
+    if store_url.startswith("sqlite"):
+        return f"sqlite:///{tmp_path}/unmigrated.sqlite3"
+    make: Callable[[], str] = request.getfixturevalue("pg_make_database")
+    return make()
+
+
+def test_an_unmigrated_database_is_refused_with_503_never_passed(
+    configure: Callable[..., Observed],
+    caller: Caller,
+    store_url: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    caplog: Any,
+) -> None:
+    """A missing schema is a deployment error: every limited request gets a 503 (even in
+    a fail-open class), and an ERROR line names `quota migrate`, not once per request."""
+    opened = RoutePolicy(name="items", paths=["/api/items"], rates="2/minute", fail_open=True)
+    observed = configure(url=_unmigrated_url(store_url, tmp_path, request), policies=[opened])
+    with caplog.at_level(logging.WARNING, logger="quota"):
+        codes = [caller.get("/api/items").status_code for _ in range(5)]
+        other = caller.get("/other")
+    assert codes == [503] * 5
+    assert other.status_code == 200
+    assert VIEW_CALLS == ["/other"]
+    assert observed.count("errors", route="items", mode="closed") == 5
+    logged = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and "quota migrate" in r.getMessage()
+    ]
+    assert len(logged) == 1
 
 
 def test_the_master_switch_passes_everything_untouched(

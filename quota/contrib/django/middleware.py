@@ -210,6 +210,7 @@ class QuotaMiddleware:
             raise
         except ConfigurationError as exc:
             raise ImproperlyConfigured(str(exc)) from exc
+        self.limiters.routes = self.guard.route_names
         self.metrics = self.guard.metrics
         self._load_user = options["identify"] is not None
 
