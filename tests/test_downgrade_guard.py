@@ -85,3 +85,16 @@ def test_deleted_overrides_and_settings_are_no_rows_to_keep(sql_own_url: str) ->
 
     quota.downgrade(sql_own_url, revision="0003_algorithms")
     assert quota.current_revision(sql_own_url) == "0003_algorithms"
+
+
+def test_route_classes_a_middleware_recorded_are_no_rows_to_keep(sql_own_url: str) -> None:
+    # The route_class.<name> rows a middleware writes say which classes it serves
+    # (for `quota policy set`'s warning and doctor), not a setting anyone made.
+    from quota.http._runtime import read_op, served_routes
+
+    with quota.connect(sql_own_url) as limiter:
+        limiter.run(read_op(["api", "login"], 1.0))
+        assert sorted(served_routes(limiter)) == ["api", "login"]
+
+    quota.downgrade(sql_own_url, revision="0004_policies")
+    assert quota.current_revision(sql_own_url) == "0004_policies"

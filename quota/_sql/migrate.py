@@ -325,11 +325,12 @@ DURABLE_TABLES: dict[str, tuple[str, ...]] = {
     "0006_leases": ("quota_leases",),
 }
 #: What counts as a held row: a deleted override or setting stays a while as a
-#: stamped row saying nothing (so every worker drops it at the same moment).
+#: stamped row saying nothing (so every worker drops it at the same moment), and a
+#: ``route_class.<name>`` row only says which route classes a middleware serves.
 LIVE_ROWS: dict[str, str] = {
     "quota_policies": " WHERE NOT (rates IS NULL AND algorithm IS NULL AND cost IS NULL"
     " AND fail_open IS NULL AND NOT exempt)",
-    "quota_settings": " WHERE value IS NOT NULL",
+    "quota_settings": " WHERE value IS NOT NULL AND name NOT LIKE 'route\\_class.%' ESCAPE '\\'",
     "quota_leases": " WHERE expires_at > {now}",
 }
 
