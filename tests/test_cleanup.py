@@ -317,3 +317,73 @@ def test_sqlite_cleanup_lets_a_budgeted_app_write_between_its_slices(tmp_path: A
         assert totals["fallback"] == 0, totals
     finally:
         app.close()
+
+
+def _cleanup_cli(url: str, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-c", "from quota._cli import main; main()", "cleanup", "--url", url,
+         "--grace", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_cleanup_keeps_its_lock_past_idle_in_transaction_session_timeout(
+    pg_make_database: Any,
+) -> None:
+    """The lock's transaction idles for the whole sweep: a server that ends idle
+    transactions after 1 s must not take the lock away mid-sweep (main: every row
+    deleted, then exit 3, and a second cleanup swept alongside the first)."""
+    import psycopg
+    from psycopg import sql
+
+    url = pg_make_database()
+    quota.migrate(url)
+    rows = 300_000
+    with psycopg.connect(url, autocommit=True) as conn:
+        name = conn.execute("SELECT current_database()").fetchone()[0]  # the test's own
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = '1s'").format(
+                sql.Identifier(name)
+            )
+        )
+        conn.execute(
+            "INSERT INTO quota_counters SELECT '60:0:k:' || i, 'k:' || i, 0, 60, 1, 0"
+            " FROM generate_series(1, %s) AS i",
+            (rows,),
+        )
+        conn.execute("ANALYZE quota_counters")
+    first = _cleanup_cli(url, "--batch-size", "200")
+    try:
+        with psycopg.connect(url, autocommit=True) as watch:
+            deadline = time.monotonic() + 60
+            held_since = None
+            while time.monotonic() < deadline and first.poll() is None:
+                (held,) = watch.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                ).fetchone()
+                if held and held_since is None:
+                    held_since = time.monotonic()
+                if held_since is not None and time.monotonic() - held_since > 2.5:
+                    break  # the lock's transaction has idled past the timeout twice over
+                time.sleep(0.05)
+            assert first.poll() is None, "the sweep ended too soon to test the timeout"
+            (left,) = watch.execute("SELECT count(*) FROM quota_counters").fetchone()
+            assert left > 0
+        second = _cleanup_cli(url)
+        out2, err2 = second.communicate(timeout=60)
+        out1, err1 = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate(timeout=10)
+    assert second.returncode == 0, err2
+    assert "another cleanup is running; skipped" in out2, (out2, err2)
+    assert first.returncode == 0, err1
+    assert f"deleted {rows:,} expired row(s)" in out1, (out1, err1)
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM quota_counters").fetchone() == (0,)

@@ -149,8 +149,17 @@ CLEANUP_LOCK_ID = 0x3A1F_4C2B_9D0E_7A65 - 2**63
 #: statements. The PostgreSQL stores take the lock in a transaction of its own on a
 #: connection of its own, held open until `PG_UNLOCK` (or the operation's end) commits
 #: it: transaction-scoped, so it works through a transaction pooler and can never leak.
+#: That transaction idles by design while the sweep runs on other connections: it exempts
+#: itself (``SET LOCAL``) from an ``idle_in_transaction_session_timeout`` set on the role
+#: or database, which would otherwise end it, and so the lock, mid-sweep. It holds no
+#: snapshot and no transaction id, so it holds back no vacuum; a cleanup that dies or
+#: loses its connection still ends it at once.
 #: Params: the lock id (both).
-PG_TRY_LOCK = Statement("pg_try_lock", "SELECT pg_try_advisory_xact_lock(?)")
+PG_TRY_LOCK = Statement(
+    "pg_try_lock",
+    "SELECT pg_try_advisory_xact_lock(?),"
+    " set_config('idle_in_transaction_session_timeout', '0', true)",
+)
 PG_UNLOCK = Statement("pg_unlock", "COMMIT -- quota: ends the transaction of PG_TRY_LOCK")
 
 #: SQLite only: an operation run without a transaction yields this to let other writers
