@@ -142,9 +142,13 @@ def cleanup(
     # (int(now) kept a window that ended at E until E + 1).
     cutoff = math.ceil(now) - grace
     # Rate windows end at window_start + window; algorithm state expires at expires_at.
+    locking = dialect == "postgresql"
     tables = (
-        (_sql.COUNT_EXPIRED, _sql.DELETE_EXPIRED),
-        (_sql.STATE_COUNT_EXPIRED, _sql.STATE_DELETE_EXPIRED),
+        (_sql.COUNT_EXPIRED, _sql.PG_DELETE_EXPIRED if locking else _sql.DELETE_EXPIRED),
+        (
+            _sql.STATE_COUNT_EXPIRED,
+            _sql.PG_STATE_DELETE_EXPIRED if locking else _sql.STATE_DELETE_EXPIRED,
+        ),
     )
     if dry_run:
         expired = 0
@@ -152,7 +156,6 @@ def cleanup(
             rows = yield count, (cutoff,)
             expired += int(rows[0][0])
         return CleanupResult(deleted=0, expired=expired, dry_run=True)
-    locking = dialect == "postgresql"
     if locking:
         rows = yield _sql.PG_TRY_LOCK, (_sql.CLEANUP_LOCK_ID,)
         if not rows[0][0]:

@@ -64,6 +64,7 @@ LIST_PARTITIONS = Statement(
 _BOUND = re.compile(r"FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)")
 
 _CONFLICT = "ON CONFLICT (bucket_key)"
+_DELETE_BY_CTID = "DELETE FROM quota_counters WHERE ctid = "
 
 
 @functools.cache
@@ -72,10 +73,15 @@ def partitioned_sql(text: str) -> str:
 
     Upserts into ``quota_counters`` conflict on ``(bucket_key, window_start)``,
     the partitioned primary key; the bucket key already holds the window
-    start, so the two keys name the same rows. Other statements pass as they are.
+    start, so the two keys name the same rows. Cleanup's batch deletes by
+    bucket key instead of ``ctid``, which names a row within one partition
+    only. Other statements pass as they are.
     """
     if text.startswith("INSERT INTO quota_counters"):
         return text.replace(_CONFLICT, "ON CONFLICT (bucket_key, window_start)")
+    if text.startswith(_DELETE_BY_CTID):
+        # A ctid names a row within one partition only: take the (unique) bucket key.
+        return text.replace("ctid", "bucket_key")
     return text
 
 

@@ -133,6 +133,22 @@ DELETE_EXPIRED = Statement(
     f" AND {_EXPIRED} RETURNING 1",
 )
 
+#: PostgreSQL: `DELETE_EXPIRED` as a batch that reads no more than its rows however many
+#: have expired. The batch's rows are found through the window-end index (``ORDER BY``
+#: its expression: without it the planner takes a sequential scan that reads the rows
+#: every earlier batch deleted) and deleted by their ``ctid`` (a TID scan, where
+#: ``IN (SELECT …)`` made it hash-join a sequential scan of the whole table, every
+#: batch). The outer condition is checked again as in `DELETE_EXPIRED`; a row updated
+#: meanwhile has a new ``ctid`` and is left alone. A partitioned counters table, whose
+#: ``ctid`` is per partition, gets the same statement on ``bucket_key``
+#: (`quota._sql.partitions.partitioned_sql`). Params: cutoff, batch size, cutoff.
+PG_DELETE_EXPIRED = Statement(
+    "pg_delete_expired",
+    "DELETE FROM quota_counters WHERE ctid = ANY(ARRAY("
+    f"SELECT ctid FROM quota_counters WHERE {_EXPIRED} ORDER BY (window_start + window_seconds)"
+    f" LIMIT ?)) AND {_EXPIRED} RETURNING 1",
+)
+
 #: The busiest keys in windows still running. Params: now, limit.
 TOP = Statement(
     "top",
@@ -435,6 +451,14 @@ STATE_DELETE_EXPIRED = Statement(
     "state_delete_expired",
     "DELETE FROM quota_state WHERE bucket_key IN"
     " (SELECT bucket_key FROM quota_state WHERE expires_at < ? LIMIT ?)"
+    " AND expires_at < ? RETURNING 1",
+)
+#: PostgreSQL: `STATE_DELETE_EXPIRED` through ``ix_quota_state_expires_at``, deleted by
+#: ``ctid`` (see `PG_DELETE_EXPIRED`). Params: cutoff, batch size, cutoff.
+PG_STATE_DELETE_EXPIRED = Statement(
+    "pg_state_delete_expired",
+    "DELETE FROM quota_state WHERE ctid = ANY(ARRAY("
+    "SELECT ctid FROM quota_state WHERE expires_at < ? ORDER BY expires_at LIMIT ?))"
     " AND expires_at < ? RETURNING 1",
 )
 STATE_COUNT_EXPIRED = Statement(
