@@ -257,7 +257,7 @@ def test_cleanup_never_deletes_a_state_row_an_inflight_update_made_live(pg_clean
                 while time.monotonic() < deadline:  # the sweep waits on the updater's row lock
                     waiting = watch.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE 'DELETE FROM quota_state%'"
+                        " AND query LIKE 'WITH swept AS (DELETE FROM quota_state%'"
                     ).fetchone()
                     if waiting and waiting[0]:
                         break
@@ -401,8 +401,9 @@ def _sweep_statements(dialect: str, cutoff: int, batch: int) -> list[tuple[str, 
     def execute(statement: Any, params: Any) -> list[tuple[Any, ...]]:
         if statement.name == _sql.PG_TRY_LOCK.name:
             return [(True,)]
-        if str(statement).startswith("DELETE"):
+        if "DELETE" in str(statement):
             sent.append((_sql.render(str(statement), "format"), params))
+            return [(0, None)] if dialect == "postgresql" else []
         return []
 
     drive(_ops.cleanup(dialect, cutoff, grace=0, batch_size=batch, dry_run=False), execute)
@@ -410,12 +411,12 @@ def _sweep_statements(dialect: str, cutoff: int, batch: int) -> list[tuple[str, 
 
 
 @pytest.mark.postgres
-def test_the_postgres_sweep_reads_the_expiry_indexes_however_many_rows_expired(
+def test_a_postgres_sweep_batch_reads_no_more_than_its_rows_however_many_expired(
     pg_make_database: Any,
 ) -> None:
-    """With many expired rows the planner preferred a sequential scan of the whole table
-    for every batch (main: 8 µs a row at 100,000 rows, 48 at 2,000,000): each batch must
-    find its rows through the expiry index, and delete them without a scan."""
+    """With many expired rows the planner took a sequential scan of the whole table for
+    every batch (main: 8 µs a row at 100,000 rows, 48 at 2,000,000): a batch must go on
+    from where the last one stopped (a TID range scan) and delete by ctid, no scan."""
     import psycopg
 
     url = pg_make_database()
@@ -436,9 +437,7 @@ def test_the_postgres_sweep_reads_the_expiry_indexes_however_many_rows_expired(
         conn.execute("ANALYZE quota_state")
         statements = _sweep_statements("postgresql", now, 10_000)
         assert len(statements) == 2
-        for (sql, params), index in zip(
-            statements, ("ix_quota_counters_window_end", "ix_quota_state_expires_at"), strict=True
-        ):
+        for sql, params in statements:
             plan = "\n".join(str(r[0]) for r in conn.execute("EXPLAIN " + sql, params))
             assert "Seq Scan" not in plan, plan
-            assert index in plan, plan
+            assert "Tid Range Scan" in plan, plan

@@ -174,12 +174,18 @@ def cleanup(
         sliced = dialect == "sqlite"
         batch = min(batch_size, SQLITE_SLICE_ROWS) if sliced else batch_size
         for _, delete in tables:
+            after = _sql.PG_FIRST_CTID  # PostgreSQL: where the next batch starts
             while True:
-                rows = yield delete, (cutoff, batch, cutoff)
-                deleted += len(rows)
-                if rows and progress is not None:
+                if locking:
+                    rows = yield delete, (after, cutoff, batch, cutoff)
+                    swept, after = int(rows[0][0]), rows[0][1]
+                else:
+                    rows = yield delete, (cutoff, batch, cutoff)
+                    swept = len(rows)
+                deleted += swept
+                if swept and progress is not None:
                     progress(deleted)
-                if len(rows) < batch:
+                if swept < batch:
                     break
                 if sliced:
                     yield _sql.PAUSE, (SQLITE_SLICE_PAUSE,)

@@ -133,21 +133,28 @@ DELETE_EXPIRED = Statement(
     f" AND {_EXPIRED} RETURNING 1",
 )
 
-#: PostgreSQL: `DELETE_EXPIRED` as a batch that reads no more than its rows however many
-#: have expired. The batch's rows are found through the window-end index (``ORDER BY``
-#: its expression: without it the planner takes a sequential scan that reads the rows
-#: every earlier batch deleted) and deleted by their ``ctid`` (a TID scan, where
-#: ``IN (SELECT …)`` made it hash-join a sequential scan of the whole table, every
-#: batch). The outer condition is checked again as in `DELETE_EXPIRED`; a row updated
-#: meanwhile has a new ``ctid`` and is left alone. A partitioned counters table, whose
-#: ``ctid`` is per partition, gets the same statement on ``bucket_key``
-#: (`quota._sql.partitions.partitioned_sql`). Params: cutoff, batch size, cutoff.
+#: PostgreSQL: `DELETE_EXPIRED` as a batch whose cost does not grow with the backlog. It
+#: walks the table in ``ctid`` order from where the last batch stopped (a TID range scan
+#: from `params[0]`, the ``(page,item)`` the previous batch returned, ``(0,0)`` first),
+#: takes the next expired rows and deletes them by ``ctid`` (a TID scan). ``IN (SELECT
+#: … LIMIT ?)`` hash-joined a sequential scan of the whole table every batch, and a
+#: batch found through the window-end index walks past every entry the batches before
+#: it deleted: either way each batch cost more than the one before. The outer
+#: condition is checked again as in `DELETE_EXPIRED`; a row updated meanwhile has a new
+#: ``ctid`` and is left alone, as is one inserted behind the scan (the next cleanup's).
+#: Returns one row: the rows deleted and the last ``ctid`` (text) to go on from. A
+#: partitioned counters table, whose ``ctid`` is per partition, gets the same statement
+#: on ``bucket_key`` through the window-end index
+#: (`quota._sql.partitions.partitioned_sql`). Params: after, cutoff, batch size, cutoff.
 PG_DELETE_EXPIRED = Statement(
     "pg_delete_expired",
-    "DELETE FROM quota_counters WHERE ctid = ANY(ARRAY("
-    f"SELECT ctid FROM quota_counters WHERE {_EXPIRED} ORDER BY (window_start + window_seconds)"
-    f" LIMIT ?)) AND {_EXPIRED} RETURNING 1",
+    "WITH swept AS (DELETE FROM quota_counters WHERE ctid = ANY(ARRAY("
+    "SELECT ctid FROM quota_counters WHERE ctid > CAST(CAST(? AS text) AS tid)"
+    f" AND {_EXPIRED} LIMIT ?)) AND {_EXPIRED} RETURNING ctid)"
+    " SELECT count(*), CAST(max(ctid) AS text) FROM swept",
 )
+#: Where `PG_DELETE_EXPIRED` starts: before the first row of the first page.
+PG_FIRST_CTID = "(0,0)"
 
 #: The busiest keys in windows still running. Params: now, limit.
 TOP = Statement(
@@ -453,13 +460,14 @@ STATE_DELETE_EXPIRED = Statement(
     " (SELECT bucket_key FROM quota_state WHERE expires_at < ? LIMIT ?)"
     " AND expires_at < ? RETURNING 1",
 )
-#: PostgreSQL: `STATE_DELETE_EXPIRED` through ``ix_quota_state_expires_at``, deleted by
-#: ``ctid`` (see `PG_DELETE_EXPIRED`). Params: cutoff, batch size, cutoff.
+#: PostgreSQL: `STATE_DELETE_EXPIRED` in ``ctid`` order from where the last batch
+#: stopped (see `PG_DELETE_EXPIRED`). Params: after, cutoff, batch size, cutoff.
 PG_STATE_DELETE_EXPIRED = Statement(
     "pg_state_delete_expired",
-    "DELETE FROM quota_state WHERE ctid = ANY(ARRAY("
-    "SELECT ctid FROM quota_state WHERE expires_at < ? ORDER BY expires_at LIMIT ?))"
-    " AND expires_at < ? RETURNING 1",
+    "WITH swept AS (DELETE FROM quota_state WHERE ctid = ANY(ARRAY("
+    "SELECT ctid FROM quota_state WHERE ctid > CAST(CAST(? AS text) AS tid)"
+    " AND expires_at < ? LIMIT ?)) AND expires_at < ? RETURNING ctid)"
+    " SELECT count(*), CAST(max(ctid) AS text) FROM swept",
 )
 STATE_COUNT_EXPIRED = Statement(
     "state_count_expired", "SELECT count(*) FROM quota_state WHERE expires_at < ?"
