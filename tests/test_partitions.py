@@ -442,3 +442,29 @@ def test_catching_up_after_a_gap_scans_the_default_partition_under_the_lock_once
     assert len(latencies) > 25
     # Main: a stall for each of the 25 partitions. A loaded machine may add one or two.
     assert len(stalls) <= 6, (scan, sorted(stalls))
+
+
+def test_a_check_left_on_the_default_partition_by_a_dead_cleanup_is_dropped(
+    part_url: str,
+) -> None:
+    """Partitions ahead are created behind a check on the DEFAULT partition that refuses
+    rows of their hours; one left by a cleanup killed halfway goes with the next one."""
+    import psycopg
+
+    clock = Clock(A + 10)
+    far = A + 30 * DAY
+    with quota.connect(part_url, clock=clock, pool_size=2) as limiter:
+        limiter.cleanup(grace=0)
+        with psycopg.connect(part_url, autocommit=True) as conn:
+            conn.execute(
+                f"ALTER TABLE quota_counters_default ADD CONSTRAINT {_partitions.AHEAD_CHECK}"
+                f" CHECK (window_start < {far} OR window_start >= {far + HOUR}) NOT VALID"
+            )
+        assert not limiter.cleanup(grace=0).skipped
+        assert _query(
+            part_url,
+            f"SELECT count(*) FROM pg_constraint WHERE conname = '{_partitions.AHEAD_CHECK}'",
+        ) == [(0,)]
+        clock.now = far + 10  # a window of that hour lands in the DEFAULT partition
+        assert limiter.rate_limit("k", 5, 60).count == 1
+    assert _where(part_url) == {f"60:{far}:k:k": "quota_counters_default"}
