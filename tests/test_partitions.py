@@ -468,3 +468,27 @@ def test_a_check_left_on_the_default_partition_by_a_dead_cleanup_is_dropped(
         clock.now = far + 10  # a window of that hour lands in the DEFAULT partition
         assert limiter.rate_limit("k", 5, 60).count == 1
     assert _where(part_url) == {f"60:{far}:k:k": "quota_counters_default"}
+
+
+def test_a_sweep_batch_on_partitioned_counters_scans_no_partition_whole(part_url: str) -> None:
+    """The batch a partitioned table gets (`partitioned_sql`): found through the window-end
+    index and deleted by primary key, however many rows the DEFAULT partition holds."""
+    import psycopg
+
+    from quota._sql import statements as _sql
+
+    with psycopg.connect(part_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO quota_counters SELECT '60:' || s || ':k:' || i, 'k:' || i, s, 60, 1, 0"
+            " FROM generate_series(1, 200000) AS i, LATERAL (SELECT %s + i %% 40 * 60 AS s) AS w",
+            (A - 3 * DAY,),
+        )
+        conn.execute("ANALYZE quota_counters")
+        sql = _partitions.partitioned_sql(_sql.render(_sql.PG_DELETE_EXPIRED.sql, "format"))
+        cutoff = A
+        plan = "\n".join(
+            str(row[0])
+            for row in conn.execute("EXPLAIN " + sql, (_sql.PG_FIRST_CTID, cutoff, 10_000, cutoff))
+        )
+    assert "Seq Scan on quota_counters_default" not in plan, plan  # (empty ones cost nothing)
+    assert "Index Scan using quota_counters_default_expr_idx" in plan, plan
