@@ -176,7 +176,7 @@ def cleanup(
         for _, delete in tables:
             after = _sql.PG_FIRST_CTID  # PostgreSQL: where the next batch starts
             while True:
-                if locking:
+                if delete.name in _sql.PG_KEYSET_DELETES:
                     rows = yield delete, (after, cutoff, batch, cutoff)
                     swept, after = int(rows[0][0]), rows[0][1]
                 else:

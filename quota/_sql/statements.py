@@ -469,6 +469,8 @@ PG_STATE_DELETE_EXPIRED = Statement(
     " AND expires_at < ? LIMIT ?)) AND expires_at < ? RETURNING ctid)"
     " SELECT count(*), CAST(max(ctid) AS text) FROM swept",
 )
+#: The cleanup deletes that go on from the ``ctid`` the previous batch returned.
+PG_KEYSET_DELETES = frozenset({PG_DELETE_EXPIRED.name, PG_STATE_DELETE_EXPIRED.name})
 STATE_COUNT_EXPIRED = Statement(
     "state_count_expired", "SELECT count(*) FROM quota_state WHERE expires_at < ?"
 )
