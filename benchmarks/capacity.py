@@ -22,7 +22,8 @@ Every figure of the capacity page (docs/capacity.md), printed as the page's tabl
 - ``cleanup``: time and WAL of the cleanup (``limiter.cleanup()``, what ``quota
   cleanup`` runs) of 100,000 expired rows: row by row on the plain table (UNLOGGED
   and logged) and on the state table, and by dropping a partition of a
-  ``--partitioned-counters`` table;
+  ``--partitioned-counters`` table; ``--cleanup-rows 1000000,10000000`` times
+  the UNLOGGED table's row by row cleanup on those backlogs too;
 - ``redis``: decisions per second through the async limiter and the Redis server's
   CPU per decision (``INFO cpu``, user + system, main thread and all), with the
   per-call time of every command the run sent (``INFO commandstats``), for the
@@ -242,15 +243,20 @@ async def _rows(url: str, conn: Any, schema: str, pool_size: int) -> dict[str, d
     return sizes
 
 
-async def _insert_expired_counters(conn: Any, schema: str, start: int, window: int) -> None:
-    """ROWS fixed-window rows that ended before `start + window`, shaped as the limiter writes them."""
+async def _insert_expired_counters(
+    conn: Any, schema: str, start: int, window: int, rows: int = ROWS
+) -> None:
+    """`rows` fixed-window rows that ended before `start + window`, shaped as the limiter
+    writes them (keys ``k:ip:`` and 32 hex digits, made on the server: 10M of them would
+    not fit a Python list), in one window: all end at once, as a busy minute's do."""
     await conn.execute(
         f"INSERT INTO {schema}.quota_counters"
         " (bucket_key, client_key, window_start, window_seconds, count, updated_at)"
         " SELECT $2::int || ':' || $1::bigint || ':' || k, k, $1::bigint, $2::int, 1, $1::float8"
-        " FROM unnest($3::text[]) AS k",
-        start, window, ["k:" + key for key in _keys(ROWS, seed=13)],
+        " FROM (SELECT 'k:ip:' || md5('13:' || i) AS k FROM generate_series(1, $3::int) AS i) AS g",
+        start, window, rows,
     )  # fmt: skip
+    await conn.execute(f"ANALYZE {schema}.quota_counters")
 
 
 async def _insert_expired_state(conn: Any, schema: str, expired_at: float) -> None:
@@ -280,7 +286,7 @@ async def _timed_cleanup(url: str, conn: Any) -> dict[str, float]:
     }  # fmt: skip
 
 
-async def _cleanups(base: str, conn: Any) -> dict[str, dict[str, float]]:
+async def _cleanups(base: str, conn: Any, rows: list[int]) -> dict[str, dict[str, float]]:
     now = time.time()
     old = int(now) - 7200
     old -= old % 60
@@ -291,6 +297,19 @@ async def _cleanups(base: str, conn: Any) -> dict[str, dict[str, float]]:
         out[f"quota_counters, {kind}, row DELETE"] = await _timed_cleanup(
             _with_query(base, schema=schema), conn
         )
+    # The per-row cost must not grow with the backlog (a cleanup that did not run for a
+    # while, a short cleanup interval at a million keys a minute): the same on more rows.
+    schema = SCHEMAS["unlogged"]
+    for count in rows:
+        if count == ROWS:
+            continue
+        await conn.execute(f"TRUNCATE {schema}.quota_counters")
+        print(f"capacity: cleanup of {count:,} rows", file=sys.stderr)
+        await _insert_expired_counters(conn, schema, old, 60, count)
+        out[f"quota_counters, unlogged, row DELETE, {count:,} rows"] = await _timed_cleanup(
+            _with_query(base, schema=schema), conn
+        )
+        await conn.execute(f"TRUNCATE {schema}.quota_counters")
     schema = SCHEMAS["unlogged"]
     await _insert_expired_state(conn, schema, old + 60.0)
     out["quota_state, unlogged, row DELETE"] = await _timed_cleanup(
@@ -534,7 +553,7 @@ async def _postgres(args: argparse.Namespace, report: dict[str, Any]) -> None:
             _print_rows(sizes)
             report["rows"] = sizes
         if "cleanup" in args.only:
-            cleanups = await _cleanups(args.url, conn)
+            cleanups = await _cleanups(args.url, conn, args.cleanup_rows)
             _print_cleanup(cleanups)
             report["cleanup"] = cleanups
     finally:
@@ -550,6 +569,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--only", default=",".join(SECTIONS),
         help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cleanup-rows", type=lambda text: [int(n) for n in text.split(",")], default=[ROWS],
+        help="cleanup: also time the UNLOGGED counters' row DELETE on these backlogs"
+        " (comma-separated, e.g. 100000,1000000,10000000)",
     )  # fmt: skip
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")

@@ -193,7 +193,9 @@ def cleanup(
     On PostgreSQL only one cleanup runs at a time: a second one says so and
     exits 0. Ctrl-C stops a cleanup between two batches (every batch deleted
     stays deleted), says how many rows went and exits 130; under --every,
-    SIGTERM or Ctrl-C stops it the same way and exits 0.
+    SIGTERM or Ctrl-C stops it the same way and exits 0; a failed run is
+    retried next period, unless no retry mends it (schema missing or behind,
+    a bad setting, a refused login or privilege): that exits at once (3, or 2).
     """
     if ledger_older_than is not None and ledger_older_than < 86400:
         raise click.BadParameter("must be at least 1d", param_hint="--ledger-older-than")
@@ -241,8 +243,35 @@ def cleanup(
             echo.err(f"stopped mid-sweep: {sweep.summary()}")
 
 
+#: SQLSTATE classes and codes no retry mends: invalid authorization (28), a database or
+#: schema that does not exist (3D000, 3F000), a statement refused for its syntax or the
+#: role's privileges (42: insufficient_privilege, an undefined table or column).
+_PERMANENT_SQLSTATES = ("28", "3D000", "3F000", "42")
+#: SQLite result codes no retry mends: permission denied, read-only file, not
+#: authorized, a corrupt file, not a database.
+_PERMANENT_SQLITE_CODES = frozenset({3, 8, 23, 11, 26})
+
+
+def _permanent(exc: quota.QuotaError) -> bool:
+    """True when `exc` will be raised again by every later run: a bad setting, a missing
+    or older schema, a refused login or privilege; False for an outage or any other
+    database error, which a later run may not meet."""
+    if isinstance(exc, quota.ConfigurationError | quota.SchemaError):
+        return True
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith(_PERMANENT_SQLSTATES)
+    code = getattr(cause, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in _PERMANENT_SQLITE_CODES
+
+
 def _every(period: int, job: Callable[[], None], echo: Echo, stop: threading.Event) -> None:
-    """Run `job` now and then every `period` seconds until SIGTERM/SIGINT; survive failing runs."""
+    """Run `job` now and then every `period` seconds until SIGTERM/SIGINT.
+
+    A run that fails for a passing reason (an outage, a lock timeout) is reported and
+    the next period tries again; a permanent error (`_permanent`) is raised at once.
+    """
 
     def on_signal(signum: int, _frame: object) -> None:
         echo.err(f"received {signal.Signals(signum).name}, stopping")
@@ -254,6 +283,8 @@ def _every(period: int, job: Callable[[], None], echo: Echo, stop: threading.Eve
             try:
                 job()
             except quota.QuotaError as exc:
+                if _permanent(exc):
+                    raise  # no next period mends it: exit now, with the command's code
                 # A scheduler must outlive a database blip: report, retry next period.
                 echo.err(f"Error: {exc}")
             stop.wait(period)

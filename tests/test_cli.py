@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,95 @@ def test_the_module_level_functions_use_the_configured_database(
         limiter = _default._sync
         if limiter is not None:
             limiter.close()
+
+
+def _every_until_exit(url: str, *, timeout: float) -> tuple[int | None, int | None, str]:
+    """Run ``cleanup --every 1s`` on `url` for up to `timeout` seconds, then SIGTERM it.
+
+    Returns the exit code if it exited by itself within `timeout` (else None), the exit
+    code it ended with (after SIGTERM, if sent), and its stderr.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from quota._cli import main; main()", "--url", url,
+         "cleanup", "--every", "1s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        code: int | None = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate(timeout=10)
+    return code, proc.returncode, err
+
+
+def test_cleanup_every_on_an_unmigrated_sqlite_file_exits_3_at_once(tmp_path: Path) -> None:
+    """A missing schema does not mend itself: no point retrying it every period."""
+    import sqlite3
+
+    path = tmp_path / "empty.db"
+    sqlite3.connect(path).close()  # the file exists, with no quota tables
+    code, _, err = _every_until_exit(f"sqlite:///{path}", timeout=30)
+    assert code == 3, err
+    assert "quota" in err and "migrate" in err
+    assert err.count("Error:") == 1, err
+
+
+@pytest.mark.postgres
+def test_cleanup_every_on_an_unmigrated_postgres_database_exits_3_at_once(
+    pg_make_database: Callable[[], str],
+) -> None:
+    code, _, err = _every_until_exit(pg_make_database(), timeout=30)
+    assert code == 3, err
+    assert "migrate" in err
+    assert err.count("Error:") == 1, err
+
+
+def test_cleanup_every_keeps_going_through_an_outage() -> None:
+    """An unreachable server may come back: report each failed run, keep the schedule."""
+    code, stopped, err = _every_until_exit("postgresql://root@127.0.0.1:1/quota", timeout=5)
+    assert (code, stopped) == (None, 0), err  # still running after 5 s; SIGTERM stops it
+    assert err.count("Error:") >= 2, err
+    assert "received SIGTERM, stopping" in err
+
+
+def test_cleanup_every_tells_permanent_errors_from_passing_ones() -> None:
+    """A refused privilege or login stops the schedule; a lock timeout, a deadlock or a
+    server restart is retried next period."""
+    import sqlite3
+
+    psycopg_errors = pytest.importorskip("psycopg.errors")
+    from quota._cli.maintenance import _permanent
+
+    def caused_by(cause: BaseException) -> quota.StorageError:
+        error = quota.StorageError("PostgreSQL error")
+        error.__cause__ = cause
+        return error
+
+    permanent = [
+        quota.SchemaError("run quota migrate"),
+        quota.ConfigurationError("bad"),
+        caused_by(psycopg_errors.InsufficientPrivilege()),
+        caused_by(psycopg_errors.InvalidPassword()),
+        caused_by(psycopg_errors.InvalidCatalogName()),
+    ]
+    readonly = sqlite3.OperationalError("attempt to write a readonly database")
+    readonly.sqlite_errorcode = 8  # SQLITE_READONLY
+    permanent.append(caused_by(readonly))
+    passing = [
+        quota.StorageError("connection refused"),
+        caused_by(psycopg_errors.LockNotAvailable()),
+        caused_by(psycopg_errors.DeadlockDetected()),
+        caused_by(psycopg_errors.AdminShutdown()),
+        caused_by(psycopg_errors.QueryCanceled()),
+        caused_by(sqlite3.OperationalError("database is locked")),
+    ]
+    assert [_permanent(e) for e in permanent] == [True] * len(permanent)
+    assert [_permanent(e) for e in passing] == [False] * len(passing)

@@ -446,7 +446,8 @@ def test_a_second_cleanup_through_the_pooler_skips_while_the_first_runs(
             wait_until(
                 lambda: (
                     advisory_locks(pg_clean_url) == 1
-                    and len(blocked_pids(pg_clean_url, "DELETE FROM quota_counters")) == 1
+                    and len(blocked_pids(pg_clean_url, "WITH swept AS (DELETE FROM quota_counters"))
+                    == 1
                 ),
                 "the first cleanup to hold the lock and wait on the locked row",
             )
@@ -456,7 +457,7 @@ def test_a_second_cleanup_through_the_pooler_skips_while_the_first_runs(
             assert advisory_locks(pg_clean_url) == 1  # still the first one's
 
             if outcome == "raises":
-                [pid] = blocked_pids(pg_clean_url, "DELETE FROM quota_counters")
+                [pid] = blocked_pids(pg_clean_url, "WITH swept AS (DELETE FROM quota_counters")
                 assert rows(pg_clean_url, "SELECT pg_cancel_backend(%s)", (pid,)) == [(True,)]
                 thread.join(DEADLINE)
                 assert not thread.is_alive()

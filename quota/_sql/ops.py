@@ -143,9 +143,13 @@ def cleanup(
     cutoff = math.ceil(now) - grace
     # Rate windows end at window_start + window; algorithm state expires at expires_at,
     # and so do concurrency leases (a dead holder's: a live one keeps moving it on).
+    locking = dialect == "postgresql"
     tables = (
-        (_sql.COUNT_EXPIRED, _sql.DELETE_EXPIRED),
-        (_sql.STATE_COUNT_EXPIRED, _sql.STATE_DELETE_EXPIRED),
+        (_sql.COUNT_EXPIRED, _sql.PG_DELETE_EXPIRED if locking else _sql.DELETE_EXPIRED),
+        (
+            _sql.STATE_COUNT_EXPIRED,
+            _sql.PG_STATE_DELETE_EXPIRED if locking else _sql.STATE_DELETE_EXPIRED,
+        ),
         (_sql.LEASE_COUNT_EXPIRED, _sql.LEASE_DELETE_EXPIRED),
     )
     if dry_run:
@@ -159,7 +163,6 @@ def cleanup(
                 raise
             expired += int(rows[0][0])
         return CleanupResult(deleted=0, expired=expired, dry_run=True)
-    locking = dialect == "postgresql"
     if locking:
         rows = yield _sql.PG_TRY_LOCK, (_sql.CLEANUP_LOCK_ID,)
         if not rows[0][0]:
@@ -178,17 +181,23 @@ def cleanup(
         sliced = dialect == "sqlite"
         batch = min(batch_size, SQLITE_SLICE_ROWS) if sliced else batch_size
         for _, delete in tables:
+            after = _sql.PG_FIRST_CTID  # PostgreSQL: where the next batch starts
             while True:
                 try:
-                    rows = yield delete, (cutoff, batch, cutoff)
+                    if delete.name in _sql.PG_KEYSET_DELETES:
+                        rows = yield delete, (after, cutoff, batch, cutoff)
+                        swept, after = int(rows[0][0]), rows[0][1]
+                    else:
+                        rows = yield delete, (cutoff, batch, cutoff)
+                        swept = len(rows)
                 except SchemaError as exc:
                     if _skip_leases(delete, exc):
                         break
                     raise
-                deleted += len(rows)
-                if rows and progress is not None:
+                deleted += swept
+                if swept and progress is not None:
                     progress(deleted)
-                if len(rows) < batch:
+                if swept < batch:
                     break
                 if sliced:
                     yield _sql.PAUSE, (SQLITE_SLICE_PAUSE,)

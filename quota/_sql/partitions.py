@@ -16,7 +16,10 @@ Cleanup (`maintain`, run inside `quota._sql.ops.cleanup`):
    default partition already holds rows of such a range (no cleanup ran for
    longer than `AHEAD`, or an instance's clock runs ahead), it creates the
    partition as a table of its own, moves those rows into it and attaches
-   it, in one transaction (`_create_partition`);
+   it, in one transaction (`_create_partition`); ranges further ahead, of
+   which the default holds no row, are created behind a check constraint
+   that spares the scan of the default partition under the parent's lock
+   (`_create_missing`, `_create_ahead`);
 2. drops every partition whose range ended before the cutoff and whose
    every window has ended (checked on the window-end index): it detaches the
    partition (a lock on the parent held for a catalog update, not for the
@@ -32,6 +35,7 @@ import functools
 import re
 from collections.abc import Generator
 
+from quota._sql import statements as _sql
 from quota._sql.statements import Statement
 from quota._stores.base import Rows, Step
 
@@ -65,6 +69,26 @@ _BOUND = re.compile(r"FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)")
 
 _CONFLICT = "ON CONFLICT (bucket_key)"
 
+_WINDOW_ENDED = "(window_start + window_seconds) < ?"
+#: `_sql.PG_DELETE_EXPIRED` for a partitioned table, whose ``ctid`` names a row within
+#: one partition only: the batch found through the window-end index, deleted by its
+#: (unique) bucket key; the ``ctid`` to go on from is ignored. Same params and row.
+PARTITIONED_DELETE_EXPIRED = Statement(
+    "partitioned_delete_expired",
+    "WITH swept AS (DELETE FROM quota_counters WHERE bucket_key = ANY(ARRAY("
+    "SELECT bucket_key FROM quota_counters WHERE CAST(? AS text) IS NOT NULL"
+    f" AND {_WINDOW_ENDED} ORDER BY (window_start + window_seconds) LIMIT ?))"
+    f" AND {_WINDOW_ENDED} RETURNING ctid)"
+    " SELECT count(*), CAST(max(ctid) AS text) FROM swept",
+)
+#: Rendered texts of the statements `partitioned_sql` replaces, in every driver's style.
+_BY_KEY = {
+    _sql.render(_sql.PG_DELETE_EXPIRED.sql, style): _sql.render(
+        PARTITIONED_DELETE_EXPIRED.sql, style
+    )
+    for style in ("format", "numeric_dollar")
+}
+
 
 @functools.cache
 def partitioned_sql(text: str) -> str:
@@ -72,11 +96,13 @@ def partitioned_sql(text: str) -> str:
 
     Upserts into ``quota_counters`` conflict on ``(bucket_key, window_start)``,
     the partitioned primary key; the bucket key already holds the window
-    start, so the two keys name the same rows. Other statements pass as they are.
+    start, so the two keys name the same rows. Cleanup's batch deletes by
+    bucket key instead of ``ctid``, which names a row within one partition
+    only. Other statements pass as they are.
     """
     if text.startswith("INSERT INTO quota_counters"):
         return text.replace(_CONFLICT, "ON CONFLICT (bucket_key, window_start)")
-    return text
+    return _BY_KEY.get(text, text)
 
 
 def partition_name(start: int) -> str:
@@ -262,12 +288,99 @@ def _create_partition(start: int, logged: bool) -> Generator[Step, Rows, None]:
     )
 
 
+#: The CHECK constraint `_create_ahead` puts on the default partition for a moment: no
+#: row of the ranges it is about to create. Named, so that one left behind by a
+#: cleanup that died halfway is dropped by the next.
+AHEAD_CHECK = "quota_counters_default_ahead"
+#: Seconds after now before which a range is created the plain way (`_create_partition`),
+#: not behind `AHEAD_CHECK`: while that check stands, a hit that lands in the default
+#: partition in one of its ranges fails, so it only covers ranges whose hits have not
+#: begun (longer than a validation takes, plus the clock skew between instances).
+CHECK_GUARD = 600
+#: Whether `AHEAD_CHECK` is on the default partition. No params.
+_HAS_AHEAD_CHECK = Statement(
+    "has_ahead_check",
+    "SELECT 1 FROM pg_constraint"
+    f" WHERE conrelid = to_regclass('{DEFAULT_PARTITION}') AND conname = '{AHEAD_CHECK}'",
+)
+_DROP_AHEAD_CHECK = f"ALTER TABLE {DEFAULT_PARTITION} DROP CONSTRAINT IF EXISTS {AHEAD_CHECK}"
+
+
+def _runs(starts: list[int]) -> list[list[int]]:
+    """`starts` (sorted) cut into runs of adjacent partitions."""
+    runs: list[list[int]] = []
+    for start in starts:
+        if runs and runs[-1][-1] + PARTITION_SECONDS == start:
+            runs[-1].append(start)
+        else:
+            runs.append([start])
+    return runs
+
+
+def _create_ahead(starts: list[int], logged: bool) -> Generator[Step, Rows, None]:
+    """Create the adjacent partitions of `starts`, of whose ranges the default holds no row,
+    without scanning the default partition under the parent's lock.
+
+    ``CREATE TABLE … PARTITION OF`` checks that the default partition holds no
+    row of the new range: a scan of the whole default partition, under an
+    ACCESS EXCLUSIVE lock on the parent that holds every hit meanwhile (half a
+    second for 2M rows, and as many times as partitions are missing after a
+    gap), unless a valid CHECK constraint of the default partition already
+    rules those rows out. So:
+
+    1. ``ADD CONSTRAINT … CHECK (window_start < low OR window_start >= high)
+       NOT VALID`` on the default partition (a catalog update; new rows of
+       the range are refused from here on, which is why `CHECK_GUARD`);
+    2. ``VALIDATE CONSTRAINT``: the scan, under a SHARE UPDATE EXCLUSIVE lock
+       of the default partition only, which hits do not wait for;
+    3. each partition in a transaction of its own (`_create_partition`): the
+       parent's lock is held for a catalog update, the check being implied;
+    4. ``DROP CONSTRAINT``, also when anything above failed: a long window
+       whose range is dropped later must find the default partition open.
+    """
+    low, high = starts[0], starts[-1] + PARTITION_SECONDS
+    try:
+        yield from _ddl(
+            f"ALTER TABLE {DEFAULT_PARTITION} ADD CONSTRAINT {AHEAD_CHECK}"
+            f" CHECK (window_start < {low} OR window_start >= {high}) NOT VALID"
+        )
+        yield from _ddl(f"ALTER TABLE {DEFAULT_PARTITION} VALIDATE CONSTRAINT {AHEAD_CHECK}")
+        for start in starts:
+            yield from _transaction(_create_partition(start, logged))
+    finally:
+        yield from _ddl(_DROP_AHEAD_CHECK)
+
+
+def _create_missing(starts: list[int], logged: bool, now: float) -> Generator[Step, Rows, None]:
+    """Create the partitions of `starts` (none exists yet).
+
+    Those whose range the default partition holds rows of, or that begin
+    within `CHECK_GUARD` seconds, one by one (`_create_partition`: a scan of
+    the default partition under the parent's lock each); the others, in runs
+    of adjacent ranges, behind a check constraint (`_create_ahead`: no scan
+    under the lock). After a gap longer than `AHEAD` that is one scan under
+    the lock (the running hour's, whose rows move) instead of one per hour.
+    """
+    ahead: list[int] = []
+    for start in starts:
+        if start >= now + CHECK_GUARD:
+            rows = yield _DEFAULT_HOLDS_RANGE, _range_params(start)
+            if not rows:
+                ahead.append(start)
+                continue
+        yield from _transaction(_create_partition(start, logged))
+    for run in _runs(ahead):
+        yield from _create_ahead(run, logged)
+
+
 def _create_and_drop(
     ranges: list[tuple[str, int, int]], existing: set[int], logged: bool, now: float, cutoff: int
 ) -> Generator[Step, Rows, int]:
-    for start in starts_between(now, now + AHEAD):
-        if start not in existing:
-            yield from _transaction(_create_partition(start, logged))
+    if (yield _HAS_AHEAD_CHECK, ()):
+        yield from _ddl(_DROP_AHEAD_CHECK)  # left by a cleanup that died halfway
+    missing = [s for s in starts_between(now, now + AHEAD) if s not in existing]
+    if missing:
+        yield from _create_missing(missing, logged, now)
     dropped = 0
     for name, _low, high in sorted(ranges, key=lambda r: r[1]):
         if high > cutoff:

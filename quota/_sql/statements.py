@@ -133,6 +133,29 @@ DELETE_EXPIRED = Statement(
     f" AND {_EXPIRED} RETURNING 1",
 )
 
+#: PostgreSQL: `DELETE_EXPIRED` as a batch whose cost does not grow with the backlog. It
+#: walks the table in ``ctid`` order from where the last batch stopped (a TID range scan
+#: from `params[0]`, the ``(page,item)`` the previous batch returned, ``(0,0)`` first),
+#: takes the next expired rows and deletes them by ``ctid`` (a TID scan). ``IN (SELECT
+#: … LIMIT ?)`` hash-joined a sequential scan of the whole table every batch, and a
+#: batch found through the window-end index walks past every entry the batches before
+#: it deleted: either way each batch cost more than the one before. The outer
+#: condition is checked again as in `DELETE_EXPIRED`; a row updated meanwhile has a new
+#: ``ctid`` and is left alone, as is one inserted behind the scan (the next cleanup's).
+#: Returns one row: the rows deleted and the last ``ctid`` (text) to go on from. A
+#: partitioned counters table, whose ``ctid`` is per partition, gets the same statement
+#: on ``bucket_key`` through the window-end index
+#: (`quota._sql.partitions.partitioned_sql`). Params: after, cutoff, batch size, cutoff.
+PG_DELETE_EXPIRED = Statement(
+    "pg_delete_expired",
+    "WITH swept AS (DELETE FROM quota_counters WHERE ctid = ANY(ARRAY("
+    "SELECT ctid FROM quota_counters WHERE ctid > CAST(CAST(? AS text) AS tid)"
+    f" AND {_EXPIRED} LIMIT ?)) AND {_EXPIRED} RETURNING ctid)"
+    " SELECT count(*), CAST(max(ctid) AS text) FROM swept",
+)
+#: Where `PG_DELETE_EXPIRED` starts: before the first row of the first page.
+PG_FIRST_CTID = "(0,0)"
+
 #: The busiest keys in windows still running. Params: now, limit.
 TOP = Statement(
     "top",
@@ -157,8 +180,17 @@ CLEANUP_LOCK_ID = 0x3A1F_4C2B_9D0E_7A65 - 2**63
 #: statements. The PostgreSQL stores take the lock in a transaction of its own on a
 #: connection of its own, held open until `PG_UNLOCK` (or the operation's end) commits
 #: it: transaction-scoped, so it works through a transaction pooler and can never leak.
+#: That transaction idles by design while the sweep runs on other connections: it exempts
+#: itself (``SET LOCAL``) from an ``idle_in_transaction_session_timeout`` set on the role
+#: or database, which would otherwise end it, and so the lock, mid-sweep. It holds no
+#: snapshot and no transaction id, so it holds back no vacuum; a cleanup that dies or
+#: loses its connection still ends it at once.
 #: Params: the lock id (both).
-PG_TRY_LOCK = Statement("pg_try_lock", "SELECT pg_try_advisory_xact_lock(?)")
+PG_TRY_LOCK = Statement(
+    "pg_try_lock",
+    "SELECT pg_try_advisory_xact_lock(?),"
+    " set_config('idle_in_transaction_session_timeout', '0', true)",
+)
 PG_UNLOCK = Statement("pg_unlock", "COMMIT -- quota: ends the transaction of PG_TRY_LOCK")
 
 #: SQLite only: an operation run without a transaction yields this to let other writers
@@ -441,6 +473,17 @@ STATE_DELETE_EXPIRED = Statement(
     " (SELECT bucket_key FROM quota_state WHERE expires_at < ? LIMIT ?)"
     " AND expires_at < ? RETURNING 1",
 )
+#: PostgreSQL: `STATE_DELETE_EXPIRED` in ``ctid`` order from where the last batch
+#: stopped (see `PG_DELETE_EXPIRED`). Params: after, cutoff, batch size, cutoff.
+PG_STATE_DELETE_EXPIRED = Statement(
+    "pg_state_delete_expired",
+    "WITH swept AS (DELETE FROM quota_state WHERE ctid = ANY(ARRAY("
+    "SELECT ctid FROM quota_state WHERE ctid > CAST(CAST(? AS text) AS tid)"
+    " AND expires_at < ? LIMIT ?)) AND expires_at < ? RETURNING ctid)"
+    " SELECT count(*), CAST(max(ctid) AS text) FROM swept",
+)
+#: The cleanup deletes that go on from the ``ctid`` the previous batch returned.
+PG_KEYSET_DELETES = frozenset({PG_DELETE_EXPIRED.name, PG_STATE_DELETE_EXPIRED.name})
 STATE_COUNT_EXPIRED = Statement(
     "state_count_expired", "SELECT count(*) FROM quota_state WHERE expires_at < ?"
 )
