@@ -29,9 +29,9 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 import pytest
 from click.testing import CliRunner
-from quota._cli import main
 
 import quota
+from quota._cli import main
 from quota._sql.schema import HEAD
 from quota._sql.statements import CLEANUP_LOCK_ID
 from tests import _pgbouncer_workers, _workers
