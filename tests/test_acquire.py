@@ -201,6 +201,29 @@ def test_several_rates_wait_for_the_most_restrictive(
     assert backend.peek("k", 10, 1).count == 1  # a new second, and only the admitted hit
 
 
+@pytest.mark.parametrize("algorithm", ["fixed_window", *ALGORITHMS])
+def test_an_attempt_a_later_rate_denies_leaves_no_charge_on_the_earlier_ones(
+    waiting_backend: tuple[Backend, Sleeps], algorithm: str
+) -> None:
+    backend, sleeps = waiting_backend
+    short = [
+        Rate(limit=5, window=1, algorithm=algorithm),
+        Rate(limit=7, window=10, algorithm=algorithm),
+    ]
+    rates = [*short, Rate(limit=2, window=60)]
+    for _ in range(2):
+        assert backend.acquire("k", rates, timeout=5).allowed
+    # The minute's next slot opens after the timeout: each call makes one attempt, which
+    # both short rates allow and the minute denies.
+    for _ in range(3):
+        with pytest.raises(quota.RateLimitTimeout):
+            backend.acquire("k", rates, timeout=5)
+    assert sleeps.pauses == []
+    # Each short rate holds the two hits admitted and nothing of the three denied attempts.
+    assert sum(backend.hit("k", short[0]).allowed for _ in range(6)) == 3
+    assert sum(backend.hit("k", short[1]).allowed for _ in range(6)) == 5
+
+
 def test_limit_and_limited_wrap_plain_functions(waiting_backend: tuple[Backend, Sleeps]) -> None:
     backend, sleeps = waiting_backend
     limiter = backend.limiter
