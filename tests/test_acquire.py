@@ -224,6 +224,20 @@ def test_an_attempt_a_later_rate_denies_leaves_no_charge_on_the_earlier_ones(
     assert sum(backend.hit("k", short[1]).allowed for _ in range(6)) == 5
 
 
+def test_a_hit_given_back_during_an_outage_is_not_written_back_later() -> None:
+    # Nothing listens on port 1: the store is down from the start, memory decides, and the
+    # fixed-window hits it counts are owed to the database for when it is back.
+    url = "postgresql://root@127.0.0.1:1/x"
+    with quota.connect(url, fallback=Fallback(timeout=0.1, probe_interval=60)) as limiter:
+        assert limiter.acquire("k", "5/hour;1/day", timeout=0).allowed
+        for _ in range(3):
+            with pytest.raises(quota.RateLimitTimeout):
+                limiter.acquire("k", "5/hour;1/day", timeout=0)
+        owed = limiter.store.health.take_owed(time.time())  # type: ignore[attr-defined]
+    assert sorted(params[3] for _, params in owed) == [3600, 86400]
+    assert [params[4] for _, params in owed] == [1, 1]  # the hit returned, on each rate
+
+
 def test_limit_and_limited_wrap_plain_functions(waiting_backend: tuple[Backend, Sleeps]) -> None:
     backend, sleeps = waiting_backend
     limiter = backend.limiter
