@@ -415,6 +415,48 @@ def test_waiters_in_four_processes_share_the_rate_exactly(
     _check_shared_rate([json.loads(out) for out in outs])
 
 
+@pytest.mark.parametrize("dialect", backend_params("sqlite", "postgresql", "redis"))
+def test_waiters_in_four_processes_leave_no_charge_of_their_denied_attempts(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    """40 tasks in 4 processes race for the 30 slots of a week; the day's rate lets them all
+    through, so every attempt the week denies has first charged the day, and given it back.
+    Each task stops at its first timeout (the week's next slot opens after it)."""
+    url = store_url(request, dialect)
+    rates, tasks = "1000/day;30/7 days", 10
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests._acquire_worker", url, rates, str(tasks)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=parent_death_signal(),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for _ in range(PROCESSES)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        start = time.time() + 0.5
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start} {start + 5.0}\n")
+            proc.stdin.flush()
+        outs = [proc.communicate(timeout=60)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert all(proc.returncode == 0 for proc in procs), outs
+    results = [json.loads(out) for out in outs]
+    assert sum(r["admitted"] for r in results) == 30, results
+    assert sum(r["timeouts"] for r in results) == PROCESSES * tasks, results
+    with quota.connect(url) as limiter:
+        assert limiter.peek("shared", 30, 7 * 86_400).count == 30
+        assert limiter.peek("shared", 1000, 86_400).count == 30  # the admitted hits, no more
+
+
 def test_waiters_share_the_rate_exactly_in_memory() -> None:
     from tests._acquire_worker import run
 
