@@ -201,6 +201,43 @@ def test_several_rates_wait_for_the_most_restrictive(
     assert backend.peek("k", 10, 1).count == 1  # a new second, and only the admitted hit
 
 
+@pytest.mark.parametrize("algorithm", ["fixed_window", *ALGORITHMS])
+def test_an_attempt_a_later_rate_denies_leaves_no_charge_on_the_earlier_ones(
+    waiting_backend: tuple[Backend, Sleeps], algorithm: str
+) -> None:
+    backend, sleeps = waiting_backend
+    short = [
+        Rate(limit=5, window=1, algorithm=algorithm),
+        Rate(limit=7, window=10, algorithm=algorithm),
+    ]
+    rates = [*short, Rate(limit=2, window=60)]
+    for _ in range(2):
+        assert backend.acquire("k", rates, timeout=5).allowed
+    # The minute's next slot opens after the timeout: each call makes one attempt, which
+    # both short rates allow and the minute denies.
+    for _ in range(3):
+        with pytest.raises(quota.RateLimitTimeout):
+            backend.acquire("k", rates, timeout=5)
+    assert sleeps.pauses == []
+    # Each short rate holds the two hits admitted and nothing of the three denied attempts.
+    assert sum(backend.hit("k", short[0]).allowed for _ in range(6)) == 3
+    assert sum(backend.hit("k", short[1]).allowed for _ in range(6)) == 5
+
+
+def test_a_hit_given_back_during_an_outage_is_not_written_back_later() -> None:
+    # Nothing listens on port 1: the store is down from the start, memory decides, and the
+    # fixed-window hits it counts are owed to the database for when it is back.
+    url = "postgresql://root@127.0.0.1:1/x"
+    with quota.connect(url, fallback=Fallback(timeout=0.1, probe_interval=60)) as limiter:
+        assert limiter.acquire("k", "5/hour;1/day", timeout=0).allowed
+        for _ in range(3):
+            with pytest.raises(quota.RateLimitTimeout):
+                limiter.acquire("k", "5/hour;1/day", timeout=0)
+        owed = limiter.store.health.take_owed(time.time())  # type: ignore[attr-defined]
+    assert sorted(params[3] for _, params in owed) == [3600, 86400]
+    assert [params[4] for _, params in owed] == [1, 1]  # the hit returned, on each rate
+
+
 def test_limit_and_limited_wrap_plain_functions(waiting_backend: tuple[Backend, Sleeps]) -> None:
     backend, sleeps = waiting_backend
     limiter = backend.limiter
@@ -376,6 +413,48 @@ def test_waiters_in_four_processes_share_the_rate_exactly(
             proc.kill()
     assert all(proc.returncode == 0 for proc in procs), outs
     _check_shared_rate([json.loads(out) for out in outs])
+
+
+@pytest.mark.parametrize("dialect", backend_params("sqlite", "postgresql", "redis"))
+def test_waiters_in_four_processes_leave_no_charge_of_their_denied_attempts(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    """40 tasks in 4 processes race for the 30 slots of a week; the day's rate lets them all
+    through, so every attempt the week denies has first charged the day, and given it back.
+    Each task stops at its first timeout (the week's next slot opens after it)."""
+    url = store_url(request, dialect)
+    rates, tasks = "1000/day;30/7 days", 10
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests._acquire_worker", url, rates, str(tasks)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=parent_death_signal(),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for _ in range(PROCESSES)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        start = time.time() + 0.5
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start} {start + 5.0}\n")
+            proc.stdin.flush()
+        outs = [proc.communicate(timeout=60)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert all(proc.returncode == 0 for proc in procs), outs
+    results = [json.loads(out) for out in outs]
+    assert sum(r["admitted"] for r in results) == 30, results
+    assert sum(r["timeouts"] for r in results) == PROCESSES * tasks, results
+    with quota.connect(url) as limiter:
+        assert limiter.peek("shared", 30, 7 * 86_400).count == 30
+        assert limiter.peek("shared", 1000, 86_400).count == 30  # the admitted hits, no more
 
 
 def test_waiters_share_the_rate_exactly_in_memory() -> None:

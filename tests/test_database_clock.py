@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from quota import Rate, RateLimitTimeout
 from tests._support import POSTGRES_FACES, SQLITE_FACES, T0, Backend, Clock
 from tests.conftest import REDIS_FACES, backend_params, dialect_of, store_url
 
@@ -78,3 +79,20 @@ def test_every_algorithm_takes_its_time_from_the_store(backend: Backend, algorit
         assert now - 1 <= decision.reset_at <= now + 3600 + 1
         # (a sliding window may wait into the next window for this one to fade)
         assert decision.retry_after <= 2 * 3600 + 1
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_an_acquire_a_later_rate_denies_gives_back_where_the_store_counted(
+    backend: Backend, algorithm: str
+) -> None:
+    face = backend.connect(clock="database")
+    face.limiter._clock = lambda: T0  # a year and more in the past: never where the hit is
+    # Windows of days: the store's clock does not leave them during the test.
+    short = Rate(limit=5, window=86_400, algorithm=algorithm)
+    rates = [short, Rate(limit=2, window=7 * 86_400)]
+    for _ in range(2):
+        assert face.acquire("k", rates, timeout=0).allowed
+    for _ in range(3):
+        with pytest.raises(RateLimitTimeout):
+            face.acquire("k", rates, timeout=0)
+    assert sum(face.hit("k", short).allowed for _ in range(6)) == 3

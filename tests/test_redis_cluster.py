@@ -742,3 +742,23 @@ def test_acquire_waits_exactly_on_a_cluster(cluster_url: str, face: str, algorit
             backend.acquire("wait", quota.Rate(limit=1, window=60), timeout=0)
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "token_bucket", "gcra"])
+def test_a_denied_multi_rate_acquire_gives_back_on_a_cluster(
+    cluster_url: str, face: str, algorithm: str
+) -> None:
+    backend = Backend(f"redis-{face}", cluster_url, Clock())
+    try:
+        short = quota.Rate(limit=5, window=1, algorithm=algorithm)
+        rates = [short, quota.Rate(limit=2, window=60)]
+        for key in ("a", "b", "c"):  # keys in different slots
+            for _ in range(2):
+                assert backend.acquire(key, rates, timeout=0).allowed
+            for _ in range(3):
+                with pytest.raises(quota.RateLimitTimeout):
+                    backend.acquire(key, rates, timeout=0)
+            assert sum(backend.hit(key, short).allowed for _ in range(6)) == 3
+    finally:
+        backend.close()

@@ -411,6 +411,27 @@ def plan(
     return statement(stored_key(key), rate, cost, now, count_denied)
 
 
+def give_back(
+    key: str, rate: Rate, cost: int, decision: Decision
+) -> tuple[Statement, tuple[Any, ...]]:
+    """The statement taking back the hit of `cost` under `rate` that `decision` allowed.
+
+    Where the hit was counted comes from the decision itself: a window's start
+    is its ``reset_at`` less the window (a sliding window's, the window the
+    store counted it in), so a database clock needs no second reading.
+    """
+    algorithm, window, skey = rate.algorithm, rate.window, stored_key(key)
+    if algorithm == FIXED_WINDOW:
+        return _sql.UNDO_FIXED_WINDOW, (f"{window}:{decision.reset_at - window}:{skey}", cost)
+    bucket_key = rate._state_prefix + skey
+    if algorithm == SLIDING_WINDOW:
+        stamp = float(decision.reset_at - window)
+        return _sql.UNDO_SLIDING_WINDOW, (bucket_key, float(cost), stamp, window)
+    if algorithm == TOKEN_BUCKET:
+        return _sql.UNDO_TOKEN_BUCKET, (bucket_key, float(cost), float(rate.capacity))
+    return _sql.UNDO_GCRA, (bucket_key, gcra_params(rate, cost)[0])
+
+
 def open_decision(key: str, rate: Rate, cost: int, now: float) -> Decision:
     """Fail open: allow, when neither the store nor the memory fallback could decide."""
     start = int(window_start(now, rate.window))

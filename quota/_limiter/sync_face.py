@@ -220,9 +220,13 @@ class Limiter(LimiterBase[SyncStore]):
         sleep runs to its end, and one that was allowed is returned (the
         cancellation then reaches the caller at its next ``await``); the first
         attempt is cancelled as a `hit` would be.
-        With several rates, the rate that denied last is tried first; a rate
-        that allowed keeps its charge when a later one denies in the same
-        attempt (as `hit` does).
+        With several rates, the rate that denied last is tried first, and an
+        attempt is all or nothing: when a rate denies, each rate that allowed
+        before it in the same attempt is given its charge back (one more store
+        call each), so a denied attempt or a timeout leaves every rate's stored
+        count as it was. Until the give-back lands, a concurrent caller may be
+        denied by that charge; a give-back the store fails leaves it charged
+        (logged); a token bucket gets its tokens back up to its capacity.
 
         Raises `quota.RateLimitTimeout` (``decision`` the last denial) when
         `timeout` seconds pass first, and at once when the slot opens only
@@ -285,13 +289,28 @@ class Limiter(LimiterBase[SyncStore]):
         """One try of `acquire`: the decision, and the index of the rate that denied (0 if none)."""
         if len(limits) == 1:
             return self._decide(key, limits[0], cost, fail_closed, waiting=True), 0
-        decisions = []
+        decisions: list[Decision] = []
         for index, rate in enumerate(limits):
             decision = self._decide(key, rate, cost, fail_closed, waiting=True)
             if not decision.allowed:
+                for taken, allowed_by in zip(decisions, limits, strict=False):
+                    self._give_back(key, allowed_by, cost, taken)
                 return decision, index
             decisions.append(decision)
         return most_restrictive(decisions), 0
+
+    def _give_back(self, key: str, rate: Rate, cost: int, decision: Decision) -> None:
+        """Take back the hit `decision` allowed under `rate`: a later rate denied the attempt.
+
+        A store that fails here leaves the hit charged: the denial stands, and the
+        caller's wait goes on (its next attempt meets the failure, if it lasts).
+        """
+        try:
+            self.store.execute(*_algorithms.give_back(key, rate, cost, decision))
+        except Exception:
+            log.warning(
+                "quota: could not give back a denied attempt's hit on %r", key, exc_info=True
+            )
 
     def limit(
         self, rates: Rate | str | Iterable[Rate], *, key: str | Callable[..., str] | None = None,

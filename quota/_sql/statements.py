@@ -451,6 +451,44 @@ HIT_DB_CLOCK_CAPPED = Statement(
     _HIT_DB_NAMES,
 )
 
+# -- giving a hit back: `Limiter.acquire` with several rates ---------------------------------
+#
+# An attempt that one rate denies gives back what the rates before it took, where each took
+# it; a row gone meanwhile stays gone. No time is read, so the database clock changes nothing.
+
+#: The fixed window: the counter of the window the hit was counted in, never below 0.
+UNDO_FIXED_WINDOW = Statement(
+    "undo_fixed_window",
+    "UPDATE quota_counters SET count = GREATEST(count - CAST(:cost AS INTEGER), 0)"
+    " WHERE bucket_key = :bucket_key RETURNING count",
+    ("bucket_key", "cost"),
+)
+#: The sliding window: the count of the window (starting at `stamp`) the hit was counted
+#: in, as current or, once the next window began, as previous; never below 0.
+UNDO_SLIDING_WINDOW = Statement(
+    "undo_sliding_window",
+    "UPDATE quota_state SET"
+    " value = CASE WHEN stamp = :stamp THEN GREATEST(value - :cost, 0.0) ELSE value END,"
+    " prev_value = CASE WHEN stamp = :stamp + :window"
+    " THEN GREATEST(prev_value - :cost, 0.0) ELSE prev_value END"
+    " WHERE bucket_key = :bucket_key RETURNING value",
+    ("bucket_key", "cost", "stamp", "window"),
+)
+#: The token bucket: the tokens back, up to its capacity.
+UNDO_TOKEN_BUCKET = Statement(
+    "undo_token_bucket",
+    "UPDATE quota_state SET value = LEAST(value + :cost, :capacity)"
+    " WHERE bucket_key = :bucket_key RETURNING value",
+    ("bucket_key", "cost", "capacity"),
+)
+#: GCRA: the theoretical arrival time back by the hit's increment.
+UNDO_GCRA = Statement(
+    "undo_gcra",
+    "UPDATE quota_state SET value = value - :increment WHERE bucket_key = :bucket_key"
+    " RETURNING value",
+    ("bucket_key", "increment"),
+)
+
 #: Params: bucket_key.
 STATE_PEEK = Statement(
     "state_peek", "SELECT value, prev_value, stamp FROM quota_state WHERE bucket_key = ?"

@@ -151,6 +151,10 @@ class MemoryStore:
             _sql.GCRA: self._gcra,
             _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
             _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
+            _sql.UNDO_FIXED_WINDOW: self._undo_fixed,
+            _sql.UNDO_SLIDING_WINDOW: self._undo_sliding,
+            _sql.UNDO_TOKEN_BUCKET: self._undo_bucket,
+            _sql.UNDO_GCRA: self._undo_gcra,
             _sql.LEASE_ACQUIRE: self._lease_acquire,
             _sql.LEASE_RENEW: self._lease_renew,
             _sql.LEASE_RELEASE: self._lease_release,
@@ -366,6 +370,43 @@ class MemoryStore:
         hit = (f"{window}:{start}:{client_key}", client_key, start, window, params["cost"], now)
         rows = self._hit_capped((*hit, params["limit"])) if capped else self._hit(hit)
         return ((rows[0][0], start, now),) if rows else ()
+
+    # -- giving a hit back: quota._sql.statements' UNDO_* as the SQL runs them -------------------
+
+    def _undo_row(self, params: Mapping[str, Any], *, state: bool) -> list[Any] | None:
+        row = self._rows.get(params["bucket_key"])
+        return None if row is None or row[_STATE] is not state else row
+
+    def _undo_fixed(self, params: Mapping[str, Any]) -> Rows:
+        row = self._undo_row(params, state=False)
+        if row is None:
+            return ()
+        row[_VALUE] = max(row[_VALUE] - params["cost"], 0)
+        return ((row[_VALUE],),)
+
+    def _undo_sliding(self, params: Mapping[str, Any]) -> Rows:
+        row = self._undo_row(params, state=True)
+        if row is None:
+            return ()
+        if row[_STAMP] == params["stamp"]:
+            row[_VALUE] = max(row[_VALUE] - params["cost"], 0.0)
+        elif row[_STAMP] == params["stamp"] + params["window"]:
+            row[_PREV] = max(row[_PREV] - params["cost"], 0.0)
+        return ((row[_VALUE],),)
+
+    def _undo_bucket(self, params: Mapping[str, Any]) -> Rows:
+        row = self._undo_row(params, state=True)
+        if row is None:
+            return ()
+        row[_VALUE] = min(row[_VALUE] + params["cost"], params["capacity"])
+        return ((row[_VALUE],),)
+
+    def _undo_gcra(self, params: Mapping[str, Any]) -> Rows:
+        row = self._undo_row(params, state=True)
+        if row is None:
+            return ()
+        row[_VALUE] = row[_VALUE] - params["increment"]
+        return ((row[_VALUE],),)
 
     # -- concurrency leases: quota._sql.statements' LEASE_* as the SQL runs them ---------------
 

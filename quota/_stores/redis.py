@@ -72,7 +72,7 @@ _COMMON = _lua("common").replace("__GRACE__", str(GRACE))
 #: Each script's source (``common.lua`` first), by name.
 SCRIPTS = {
     name: _COMMON + _lua(name).replace("__GRACE__", str(GRACE))
-    for name in ("fixed_window", "sliding_window", "token_bucket", "gcra", "reset", "lease")
+    for name in ("fixed_window", "sliding_window", "token_bucket", "gcra", "reset", "lease", "undo")
 }
 SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SCRIPTS.items()}
 
@@ -137,6 +137,10 @@ class RedisPlan:
             _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
             _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
             BATCH_HIT_REDIS: self._hit_batch,
+            _sql.UNDO_FIXED_WINDOW: self._undo_fixed,
+            _sql.UNDO_SLIDING_WINDOW: functools.partial(self._undo, kind="sw"),
+            _sql.UNDO_TOKEN_BUCKET: functools.partial(self._undo, kind="tb"),
+            _sql.UNDO_GCRA: functools.partial(self._undo, kind="gcra"),
             _sql.LEASE_ACQUIRE: self._lease_acquire,
             _sql.LEASE_RENEW: self._lease_renew,
             _sql.LEASE_RELEASE: self._lease_release,
@@ -301,6 +305,25 @@ class RedisPlan:
         )  # fmt: skip
         tat, allowed, now = reply
         return ((_number(tat), int(allowed), _number(now)),)
+
+    # -- giving a hit back (lua/undo.lua) ------------------------------------------------
+
+    def _undo_fixed(self, params: Mapping[str, Any]) -> Plan:
+        window, start, client_key = str(params["bucket_key"]).split(":", 2)
+        key = f"{self.base(client_key)}fw:{window}:{start}"
+        reply = yield from self._eval("undo", (key,), ("fw", params["cost"]))
+        return () if reply is None else ((int(reply),),)
+
+    def _undo(self, params: Mapping[str, Any], *, kind: str) -> Plan:
+        state = self._state_keys(params)[0]
+        if kind == "sw":
+            args: tuple[Any, ...] = (params["cost"], params["stamp"], params["window"])
+        elif kind == "tb":
+            args = (params["cost"], params["capacity"])
+        else:
+            args = (params["increment"],)
+        reply = yield from self._eval("undo", (state,), (kind, *args))
+        return () if reply is None else ((_number(reply),),)
 
     def _state_peek(self, params: Sequence[Any]) -> Plan:
         algorithm, window, client_key = str(params[0]).split(":", 2)

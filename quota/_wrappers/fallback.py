@@ -150,6 +150,8 @@ class _Health:
         """Remember a fixed-window hit memory counted, to add it to the database later."""
         needs_row = _OWED_HITS.get(statement.name)
         if needs_row is None or (needs_row and not rows):
+            if statement.name == _sql.UNDO_FIXED_WINDOW.name and rows:
+                self._forgive(*params)
             return
         bucket_key, client_key, start, window, cost, _now = params[:6]
         with self._lock:
@@ -158,6 +160,16 @@ class _Health:
                 self._owed[bucket_key] = [client_key, start, window, cost, start + window]
             else:
                 entry[3] += cost
+
+    def _forgive(self, bucket_key: str, cost: int) -> None:
+        """Owe `cost` less on `bucket_key`: memory gave back a hit it counted (a multi-rate
+        `acquire` attempt a later rate denied)."""
+        with self._lock:
+            entry = self._owed.get(bucket_key)
+            if entry is not None:
+                entry[3] -= cost
+                if entry[3] <= 0:
+                    del self._owed[bucket_key]
 
     def owes(self) -> bool:
         """True while hits counted in memory wait to be written back."""
