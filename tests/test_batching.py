@@ -14,6 +14,7 @@ import asyncio
 import multiprocessing
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import accumulate
 from typing import Any
@@ -23,7 +24,7 @@ import pytest
 import quota
 from quota._core.decision import stored_key as quota_stored_key
 from quota._sql import statements as _sql
-from quota._stores.base import Rows, Step
+from quota._stores.base import Rows, Step, call_deadline
 from quota._wrappers.batching import (
     SQLITE_MAX_BATCH,
     AsyncBatchingStore,
@@ -364,6 +365,104 @@ def test_only_the_counting_fixed_window_statement_is_batched() -> None:
         other.cancel()
 
     _scripted(test)
+
+
+class GatedStore:
+    """`ScriptedStore` for threads: each statement waits for `release` before running."""
+
+    dialect = "sqlite"
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.sent: list[tuple[Any, Any]] = []
+        self._gates = threading.Semaphore(0)
+
+    def release(self) -> None:
+        self._gates.release()
+
+    def execute(self, sql: Any, params: Any) -> Rows:
+        self.sent.append((sql, params))
+        assert self._gates.acquire(timeout=10)
+        if sql is _sql.HIT:
+            key, cost = params[0], params[4]
+            self.counts[key] = self.counts.get(key, 0) + cost
+            return [(self.counts[key],)]
+        rows = []
+        for key, *_, cost, _now in _sqlite_rows(params):
+            self.counts[key] = self.counts.get(key, 0) + cost
+            rows.append((key, self.counts[key]))
+        return rows
+
+
+def _call(batcher: BatchingStore, deadline: float | None, out: list[Any]) -> threading.Thread:
+    """A thread calling `batcher` with its call's deadline `deadline` seconds from now."""
+
+    def call() -> None:
+        if deadline is not None:
+            call_deadline.set(time.monotonic() + deadline)
+        try:
+            out.append(batcher.execute(_sql.HIT, _hit(KEY)))
+        except quota.StorageError as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread
+
+
+def _queued(batcher: BatchingStore, waiters: int) -> None:
+    for _ in range(1000):
+        if len(batcher._queue) == waiters:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"{waiters} waiter(s) never queued")
+
+
+def test_a_thread_whose_deadline_passes_while_queued_leaves_uncounted() -> None:
+    store = GatedStore()
+    batcher = BatchingStore(store)  # type: ignore[arg-type]
+    first: list[Any] = []
+    late: list[Any] = []
+    patient: list[Any] = []
+    threads = [_call(batcher, None, first)]
+    _queued(batcher, 0)
+    threads.append(_call(batcher, 0.1, late))
+    _queued(batcher, 1)
+    threads.append(_call(batcher, None, patient))
+    _queued(batcher, 2)
+    threads[1].join(5)  # gives up at its deadline, the statement in flight still waiting
+    assert len(late) == 1 and isinstance(late[0], quota.StorageError), late
+    assert late[0].outage and "not sent" in str(late[0])
+    store.release()
+    store.release()
+    for thread in threads:
+        thread.join(5)
+    assert first == [[(1,)]] and patient == [[(2,)]]
+    assert store.counts == {f"60:60:k:{KEY}": 2}  # the one that gave up is not counted
+    assert [params for _, params in store.sent] == [_hit(KEY), _hit(KEY)]
+
+
+def test_a_thread_whose_batch_was_sent_leaves_at_its_deadline_and_is_counted() -> None:
+    store = GatedStore()
+    batcher = BatchingStore(store)  # type: ignore[arg-type]
+    first: list[Any] = []
+    sender: list[Any] = []
+    late: list[Any] = []
+    threads = [_call(batcher, None, first)]
+    _queued(batcher, 0)
+    threads.append(_call(batcher, None, sender))
+    _queued(batcher, 1)
+    threads.append(_call(batcher, 0.3, late))
+    _queued(batcher, 2)
+    store.release()  # the first answers; `sender` sends the batch of both
+    threads[2].join(5)
+    assert len(late) == 1 and isinstance(late[0], quota.StorageError), late
+    assert late[0].outage and "not sent" not in str(late[0])
+    store.release()
+    for thread in threads:
+        thread.join(5)
+    assert first == [[(1,)]] and sender == [[(2,)]]
+    assert store.counts == {f"60:60:k:{KEY}": 3}  # sent, so counted: its answer was lost
 
 
 # -- real stores -------------------------------------------------------------------------------

@@ -33,11 +33,15 @@ BOUND = 2 * BUDGET + 0.4
 
 class Proxy:
     """Forwards 127.0.0.1:port to the PostgreSQL server until `freeze`: from then on it
-    keeps every socket open and forwards nothing (a path that hangs)."""
+    keeps every socket open and forwards nothing (a path that hangs). `hold_answers` holds
+    the server's answers back (requests still pass); `release_then_freeze` forwards the
+    answers held, then freezes."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.frozen = threading.Event()
+        self.holding = threading.Event()
+        self._release = threading.Event()
         self._stop = threading.Event()
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._server.getsockname()[1])
@@ -50,7 +54,16 @@ class Proxy:
         self._server.setblocking(False)
         selector.register(self._server, selectors.EVENT_READ)
         peers: dict[socket.socket, socket.socket] = {}
+        upstreams: set[socket.socket] = set()
         while not self._stop.is_set():
+            if self._release.is_set():
+                for upstream in upstreams:
+                    with contextlib.suppress(OSError):
+                        while data := upstream.recv(65536):  # until BlockingIOError
+                            peers[upstream].sendall(data)
+                self.frozen.set()
+                self.holding.clear()
+                self._release.clear()
             for key, _ in selector.select(0.02):
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
@@ -59,11 +72,12 @@ class Proxy:
                     upstream = socket.create_connection(self.target)
                     self._pairs.append((client, upstream))
                     peers[client], peers[upstream] = upstream, client
+                    upstreams.add(upstream)
                     for end in (client, upstream):
                         end.setblocking(False)
                         selector.register(end, selectors.EVENT_READ)
                     continue
-                if self.frozen.is_set():
+                if self.frozen.is_set() or (self.holding.is_set() and sock in upstreams):
                     continue  # read nothing, forward nothing: the data waits in the kernel
                 with contextlib.suppress(OSError):
                     data = sock.recv(65536)
@@ -71,12 +85,18 @@ class Proxy:
                         peers[sock].sendall(data)
                     else:
                         selector.unregister(sock)
-            if self.frozen.is_set():
+            if self.frozen.is_set() or self.holding.is_set():
                 time.sleep(0.01)  # level-triggered: don't spin on unread data
         selector.close()
 
     def freeze(self) -> None:
         self.frozen.set()
+
+    def hold_answers(self) -> None:
+        self.holding.set()
+
+    def release_then_freeze(self) -> None:
+        self._release.set()
 
     def close(self) -> None:
         self._stop.set()
@@ -189,6 +209,91 @@ def test_sync_batching_threads_on_a_path_that_hangs_return_within_the_budget(
             assert not limiter.store.up  # type: ignore[attr-defined]
         finally:
             limiter.close()
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_batching_calls_queued_behind_a_slow_answer_keep_their_own_budget(
+    pg_url: str, face: str
+) -> None:
+    """The statement in flight answers just under one budget, then the path hangs: the
+    calls queued meanwhile are decided within twice the budget of their own call, not after
+    the statement in flight and then two budgets more for their own batch (main, sync:
+    about three budgets)."""
+    budget = 0.8  # long enough for a third budget to stand out from the scheduling noise
+    # The sync face cuts a hung connection on a watchdog tick (a quarter budget late at
+    # most); the rest is what a busy 2-core machine adds.
+    bound = 2 * budget + budget / 4 + 0.3
+    key = f"hang-{uuid.uuid4().hex}"
+    fallback = Fallback(timeout=budget, probe_interval=5)
+    calls = 9  # the first goes out alone; two waves of four queue behind it
+
+    def timed_sync(limiter: quota.Limiter, times: list[float]) -> None:
+        started = time.monotonic()
+        assert limiter.rate_limit(key, 10**6, 3600).allowed
+        times.append(time.monotonic() - started)
+
+    def run_sync(proxy: Proxy, url: str) -> tuple[list[float], bool]:
+        limiter = quota.connect(url, fallback=fallback, pool_size=4, batching=True)
+        try:
+            for _ in range(20):
+                limiter.rate_limit(key, 10**6, 3600)
+            assert limiter.store.up  # type: ignore[attr-defined]
+            proxy.hold_answers()
+            times: list[float] = []
+            threads = [threading.Thread(target=timed_sync, args=(limiter, times))]
+            first = time.monotonic()
+            threads[0].start()
+            for _ in range(2):
+                time.sleep(0.05)
+                wave = [
+                    threading.Thread(target=timed_sync, args=(limiter, times)) for _ in range(4)
+                ]
+                for thread in wave:
+                    thread.start()
+                threads += wave
+            time.sleep(max(0.0, first + 0.95 * budget - time.monotonic()))
+            proxy.release_then_freeze()
+            for thread in threads:
+                thread.join(30)
+            return times, limiter.store.up  # type: ignore[attr-defined]
+        finally:
+            limiter.close()
+
+    async def run_async(proxy: Proxy, url: str) -> tuple[list[float], bool]:
+        async with quota.connect_async(
+            url, fallback=fallback, pool_size=4, batching=True
+        ) as limiter:
+            for _ in range(20):
+                await limiter.rate_limit(key, 10**6, 3600)
+            assert limiter.store.up  # type: ignore[attr-defined]
+            proxy.hold_answers()
+
+            async def timed() -> float:
+                started = time.monotonic()
+                assert (await limiter.rate_limit(key, 10**6, 3600)).allowed
+                return time.monotonic() - started
+
+            tasks = [asyncio.create_task(timed())]
+            first = time.monotonic()
+            for _ in range(2):
+                await asyncio.sleep(0.05)
+                tasks += [asyncio.create_task(timed()) for _ in range(4)]
+            await asyncio.sleep(max(0.0, first + 0.95 * budget - time.monotonic()))
+            proxy.release_then_freeze()
+            times = list(await asyncio.gather(*tasks))
+            up = limiter.store.up  # type: ignore[attr-defined]
+            # The hung batch is still in flight and `aclose` waits for it: end the path.
+            proxy.close()
+            return times, up
+
+    with proxied(pg_url) as (proxy, url):
+        if face == "sync":
+            times, up = run_sync(proxy, url)
+        else:
+            times, up = asyncio.run(asyncio.wait_for(run_async(proxy, url), 30))
+    assert len(times) == calls, times
+    assert max(times) < bound, sorted(times)
+    assert not up  # the hung batch marked the store down
 
 
 def _silent_port() -> tuple[socket.socket, int]:

@@ -26,6 +26,7 @@ memory while the database is down; ``execute_strict`` never is: it raises
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from quota._core.errors import ConfigurationError
@@ -43,6 +44,12 @@ H = TypeVar("H")
 
 #: An operation: yields steps, receives their rows, returns its result.
 Op = Generator[Step, Rows, T]
+
+#: The `time.monotonic` time by which the sync store call running in this thread is to be
+#: decided, set by the fallback (`quota._wrappers.fallback.ResilientStore`) for the length
+#: of the call: the sync batcher stops waiting for a batch at it, and the sync PostgreSQL
+#: store cuts a connection that has not answered by it. None: no deadline.
+call_deadline: ContextVar[float | None] = ContextVar("quota_call_deadline", default=None)
 
 
 class SyncStore(Protocol):

@@ -43,7 +43,7 @@ from quota._sql import partitions as _partitions
 from quota._sql import statements as _sql
 from quota._sql.schema import accepted_version, check_version, missing_objects_error
 from quota._sql.statements import Statement
-from quota._stores.base import Op, Rows, adrive, drive
+from quota._stores.base import Op, Rows, adrive, call_deadline, drive
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT, SyncPool
 from quota._stores.url import redact
 
@@ -710,23 +710,31 @@ class _Watchdog:
     `HUNG_AFTER_BUDGETS` budgets (a network path that stopped forwarding, its
     sockets still open; a cancel request would hang on it too) has its socket
     shut down: the blocked call fails at once with an outage error and the
-    connection is closed. The thread sleeps on an event while nothing is in
-    flight.
+    connection is closed; so has one whose call's own deadline passes first
+    (`quota._stores.base.call_deadline`: a call that queued for a batch before
+    sending it). The thread sleeps on an event while nothing is in flight.
     """
 
     def __init__(self, budget: float, *, cancel: bool) -> None:
         self._budget = budget
         self._cancel = cancel
-        #: id(conn) -> (conn, deadline, cancelled yet)
-        self._due: dict[int, tuple[psycopg.Connection[Any], float, bool]] = {}
+        #: id(conn) -> (conn, next step's time, cancelled yet, time to cut)
+        self._due: dict[int, tuple[psycopg.Connection[Any], float, bool, float]] = {}
         self._busy = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
     def watch(self, conn: psycopg.Connection[Any]) -> None:
-        first = self._budget if self._cancel else HUNG_AFTER_BUDGETS * self._budget
-        self._due[id(conn)] = (conn, time.monotonic() + first, not self._cancel)
+        now = time.monotonic()
+        cut = now + HUNG_AFTER_BUDGETS * self._budget
+        deadline = call_deadline.get()
+        if deadline is not None and deadline < cut:
+            cut = deadline
+        if self._cancel:
+            self._due[id(conn)] = (conn, min(now + self._budget, cut), False, cut)
+        else:
+            self._due[id(conn)] = (conn, cut, True, cut)
         if not self._busy.is_set():
             if self._thread is None:
                 self._start()
@@ -759,12 +767,12 @@ class _Watchdog:
                 continue
             quiet = 0
             now = time.monotonic()
-            for key, (conn, due, cancelled) in list(self._due.items()):
+            for key, (conn, due, cancelled, cut) in list(self._due.items()):
                 if due > now:
                     continue
-                if not cancelled:
+                if not cancelled and cut > now:
                     # Cancelled from a thread of its own: on a hung path it would hang too.
-                    self._due[key] = (conn, now + self._budget, True)
+                    self._due[key] = (conn, cut, True, cut)
                     threading.Thread(target=_cancel, args=(conn, self._budget), daemon=True).start()
                 elif self._due.pop(key, None) is not None:
                     _cut(conn)

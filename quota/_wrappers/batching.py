@@ -68,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -75,7 +76,7 @@ from typing import Any, TypeVar
 from quota._core.errors import StorageError
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, InlineStore, Op, Rows, Step, SyncStore
+from quota._stores.base import AsyncStore, InlineStore, Op, Rows, Step, SyncStore, call_deadline
 
 T = TypeVar("T")
 
@@ -423,15 +424,22 @@ class AsyncBatchingStore:
 class _Waiter:
     """A thread waiting for its hit's rows, or for its turn to send a batch."""
 
-    __slots__ = ("batch", "error", "hit", "result", "wake")
+    __slots__ = ("batch", "deadline", "error", "gone", "hit", "result", "sent", "wake")
 
-    def __init__(self, hit: Hit) -> None:
+    def __init__(self, hit: Hit, deadline: float | None) -> None:
         self.hit = hit
+        self.deadline = deadline  # its call's (`quota._stores.base.call_deadline`)
         self.result: Rows | None = None
         self.error: BaseException | None = None
         self.batch: list[_Waiter] | None = None  # set when this thread is to send a batch
+        self.sent = False  # its hit is on the wire
+        self.gone = False  # gave up before its batch was sent: not to be sent
         self.wake = threading.Lock()
         self.wake.acquire()
+
+
+def _unsent() -> StorageError:
+    return StorageError("no answer in time for the batch in flight; this hit was not sent")
 
 
 class BatchingStore:
@@ -442,6 +450,13 @@ class BatchingStore:
     oldest of them is woken to send the queue as one batch (on its own
     connection), hands every other waiter its rows, and passes the turn on.
     Thread-safe; a thread never sends more than the one batch it is in.
+
+    A call with a deadline (`quota._stores.base.call_deadline`, set by the
+    fallback) waits no longer than it, then fails with an outage
+    `StorageError`: a call whose hit was not sent yet leaves the queue (or its
+    batch), uncounted; one whose batch was sent leaves without its answer (the
+    batch may count its hit); the thread sending a batch is held to its own
+    deadline by the store (the PostgreSQL store cuts the connection).
     """
 
     def __init__(self, store: SyncStore, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
@@ -462,7 +477,7 @@ class BatchingStore:
         me: _Waiter | None = None
         with self._lock:
             if self._busy:
-                me = _Waiter(params)
+                me = _Waiter(params, call_deadline.get())
                 self._queue.append(me)
             else:
                 self._busy = True
@@ -474,7 +489,10 @@ class BatchingStore:
                 raise
             self._hand_on()
             return rows
-        me.wake.acquire()
+        if me.deadline is None:
+            me.wake.acquire()
+        elif not me.wake.acquire(timeout=max(0.0, me.deadline - time.monotonic())):
+            self._give_up(me)
         if me.batch is not None:
             self._send(me.batch)
         if me.error is not None:
@@ -482,8 +500,26 @@ class BatchingStore:
         assert me.result is not None
         return me.result
 
+    def _give_up(self, me: _Waiter) -> None:
+        """`me`'s deadline passed while it waited: raise an outage `StorageError`, unless
+        it is to send a batch or has its answer (then it goes on as if woken)."""
+        with self._lock:
+            if me in self._queue:
+                self._queue.remove(me)
+                raise _unsent()
+            if me.batch is None and me.result is None and me.error is None:
+                if not me.sent:
+                    me.gone = True
+                    raise _unsent()
+                raise StorageError("no answer in time for the batch carrying this hit")
+        me.wake.acquire()  # released by now, or about to be
+
     def _send(self, batch: list[_Waiter]) -> None:
         failed: BaseException | None = None
+        with self._lock:
+            batch[1:] = [waiter for waiter in batch[1:] if not waiter.gone]
+            for waiter in batch:
+                waiter.sent = True
         try:
             hits = [waiter.hit for waiter in batch]
             if len(hits) == 1:
@@ -512,27 +548,35 @@ class BatchingStore:
         One that `failed` with an outage (a lost connection, a path that stopped
         answering, a timeout) fails the queue with the same error, unsent (so
         uncounted): the queue's batch would go down the same path, making its
-        callers wait a second time (a fallback decides them from memory).
+        callers wait a second time (a fallback decides them from memory). So
+        are waiters whose deadline has passed: none sends a batch it has no time for.
         """
         stranded: list[_Waiter] = []
+        batch: list[_Waiter] = []
         with self._lock:
-            if not self._queue:
-                self._busy = False
-                return
+            queue = self._queue
             if isinstance(failed, StorageError) and failed.outage:
-                stranded = list(self._queue)
-                self._queue.clear()
-                self._busy = False
+                stranded = list(queue)
+                queue.clear()
+                for waiter in stranded:
+                    waiter.error = failed
             else:
-                count = min(len(self._queue), self.max_batch)
-                batch = [self._queue.popleft() for _ in range(count)]
-        if stranded:
-            for waiter in stranded:
-                waiter.error = failed
-                waiter.wake.release()
-            return
-        batch[0].batch = batch
-        batch[0].wake.release()
+                now = time.monotonic()
+                while queue and len(batch) < self.max_batch:
+                    waiter = queue.popleft()
+                    if waiter.deadline is not None and waiter.deadline <= now:
+                        waiter.error = _unsent()
+                        stranded.append(waiter)
+                    else:
+                        batch.append(waiter)
+            if batch:
+                batch[0].batch = batch
+            else:
+                self._busy = False
+        for waiter in stranded:
+            waiter.wake.release()
+        if batch:
+            batch[0].wake.release()
 
     def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
         return self.store.execute_strict(statement, params)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from quota._core.errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore
+from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore, call_deadline
 from quota._stores.url import redact
 
 T = TypeVar("T")
@@ -220,6 +220,7 @@ class ResilientStore:
         self.memory = memory
         self.dialect = primary.dialect
         self.health = _Health(url, settings)
+        self._hung_after = HUNG_AFTER_BUDGETS * settings.timeout
         self._probe: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -229,6 +230,9 @@ class ResilientStore:
 
     def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         if self.health.up:
+            # The call's own deadline, from now: a batch it queues for, then the batch
+            # itself, share it (`quota._stores.base.call_deadline`).
+            deadline = call_deadline.set(time.monotonic() + self._hung_after)
             try:
                 return self.primary.execute(statement, params)
             except QuotaError as exc:
@@ -236,6 +240,8 @@ class ResilientStore:
                     self.health.statement_failed(exc)
                     return self.memory.execute(statement, params)
                 self._down(exc)
+            finally:
+                call_deadline.reset(deadline)
         rows = self.memory.execute(statement, params)
         self.health.owe(statement, params, rows)
         return rows
@@ -244,6 +250,7 @@ class ResilientStore:
         """`execute` without the fallback: raise `StoreDown` while the store is down."""
         if not self.health.up:
             raise StoreDown(f"store {self.health.url} is down")
+        deadline = call_deadline.set(time.monotonic() + self._hung_after)
         try:
             return self.primary.execute(statement, params)
         except QuotaError as exc:
@@ -251,6 +258,8 @@ class ResilientStore:
                 raise
             self._down(exc)
             raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
+        finally:
+            call_deadline.reset(deadline)
 
     def run(self, op: Op[T], *, transaction: bool) -> T:
         # Multi-statement operations (cleanup, reset, durable quotas) are not
