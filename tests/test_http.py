@@ -461,9 +461,9 @@ def test_a_handler_that_raises_is_still_counted_once(make: Make) -> None:
 
 def _dead_url(url: str, tmp_path: Any) -> str:
     if url.startswith("sqlite"):
-        blocker = tmp_path / "not-a-directory"
-        blocker.write_text("")
-        return f"sqlite:///{blocker}/quota.db"  # cannot be opened: a file is in the way
+        blocker = tmp_path / "a-directory"
+        blocker.mkdir()
+        return f"sqlite:///{blocker}"  # cannot be opened: a directory, not a database file
     return "postgresql://root@127.0.0.1:1/nowhere"  # nothing listens on port 1
 
 

@@ -150,9 +150,9 @@ def test_starlette_explicit_cors_origins_without_a_cors_middleware(
 def test_starlette_fail_closed_503_is_readable_cross_origin(
     starlette_client: Starlette, order: str, tmp_path: Any
 ) -> None:
-    blocker = tmp_path / "not-a-directory"
-    blocker.write_text("")
-    dead = quota.connect_async(f"sqlite:///{blocker}/quota.db")  # a file is in the way
+    blocker = tmp_path / "a-directory"
+    blocker.mkdir()
+    dead = quota.connect_async(f"sqlite:///{blocker}")  # a directory: it cannot be opened
     policy = RoutePolicy(name="api", paths=["/api"], rates="2/minute", fail_open=False)
     client = starlette_client(order, config=make_config(policies=[policy]), limiter=dead)
     denied = client.get("/api/items", headers={"Origin": ORIGIN})

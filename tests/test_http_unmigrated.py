@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -184,6 +185,9 @@ def test_uvicorn_exits_at_startup_naming_quota_migrate(tmp_path: Path) -> None:
         'api = RoutePolicy(name="api", paths=["/api"], rates="100/minute")\n'
         "app.add_middleware(QuotaMiddleware, config=HttpConfig.from_env(policies=[api]))\n"
     )
+    # The app's own database, never migrated for quota (a missing file is refused too,
+    # with a message of its own).
+    sqlite3.connect(tmp_path / "never-migrated.sqlite3").close()
     url = f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}"
     env = {**os.environ, "QUOTA_DATABASE_URL": url, "QUOTA_HASH_SECRET": SECRET}
     done = subprocess.run(

@@ -708,5 +708,7 @@ def test_quota_top_and_peek_show_leases(sqlite_url: str) -> None:
             block.__exit__(None, None, None)
         code, out = run("top", "--leases", "--json")
         assert (code, json.loads(out)) == (0, [])
-    code, out = run("peek", "job")
-    assert code == 2 and "--limit and --window" in out
+    code, out = run("peek", "job")  # without --leases: the key's rate windows
+    assert code == 0 and "'job': no window running" in out
+    code, out = run("peek", "job", "--window", "60")
+    assert code == 2 and "--limit and --window together" in out

@@ -31,9 +31,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from quota._cli import main
 
 import quota
+from quota._cli import main
+from quota._sql.schema import REVISIONS
 from quota.http import (
     HttpConfig,
     PolicyRow,
@@ -480,7 +481,7 @@ def test_migrate_then_doctor_is_clean_on_a_fresh_database(sql_empty_url: str) ->
     runner = CliRunner()
     migrated = runner.invoke(main, ["--url", sql_empty_url, "migrate"])
     assert migrated.exit_code == 0, migrated.output
-    assert quota.current_revision(sql_empty_url) == "0005_settings"
+    assert quota.current_revision(sql_empty_url) == REVISIONS[-1]
 
     result = runner.invoke(main, ["--url", sql_empty_url, "doctor", "--json"])
     assert result.exit_code == 0, result.output
@@ -519,7 +520,7 @@ def test_the_downgrade_guard_protects_settings_rows(sql_empty_url: str) -> None:
         set_setting(limiter, "abuse_threshold", 5)
     with pytest.raises(quota.ConfigurationError, match=r"quota_settings \(1 rows\)"):
         quota.downgrade(sql_empty_url, revision="0004_policies")
-    assert quota.current_revision(sql_empty_url) == "0005_settings"
+    assert quota.current_revision(sql_empty_url) == REVISIONS[-1]  # nothing changed
     result = CliRunner().invoke(main, ["--url", sql_empty_url, "downgrade", "0004_policies"])
     assert result.exit_code == 2
     assert "quota_settings (1 rows)" in result.output

@@ -151,7 +151,8 @@ def test_a_failed_open_returns_once_the_worker_has_stopped(
 ) -> None:
     """aiosqlite stops its worker when connecting fails; the failed call waits for that."""
     before = set(threading.enumerate())
-    store = _store(tmp_path / "missing-directory" / "quota.db")
+    (tmp_path / "a-directory").mkdir()
+    store = _store(tmp_path / "a-directory")  # exists, and SQLite cannot open it
     loop = asyncio.new_event_loop()
     handed: list[str] = []  # what the worker hands the loop, as it does
     hand = loop.call_soon_threadsafe

@@ -329,7 +329,8 @@ def test_shadow_mode_never_blocks_but_counts_and_sends_headers(
 
 def _down_url(store_url: str, tmp_path: Path) -> str:
     if store_url.startswith("sqlite"):
-        return f"sqlite:///{tmp_path}/missing-directory/quota.sqlite3"
+        (tmp_path / "a-directory").mkdir()
+        return f"sqlite:///{tmp_path}/a-directory"  # a directory: it cannot be opened
     import socket
 
     with socket.socket() as sock:  # a port nothing listens on
