@@ -338,4 +338,4 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
     if options.fallback is None:
         return store
     memory = async_memory_fallback(options.fallback)
-    return AsyncResilientStore(store, memory, options.fallback, parsed.url)
+    return AsyncResilientStore(store, memory, options.fallback, parsed.url, options.metrics)

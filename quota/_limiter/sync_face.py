@@ -338,4 +338,4 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
     if options.fallback is None:
         return store
     memory = memory_fallback(options.fallback)
-    return ResilientStore(store, memory, options.fallback, parsed.url)
+    return ResilientStore(store, memory, options.fallback, parsed.url, options.metrics)
