@@ -313,10 +313,10 @@ class ResilientStore:
             self._down(exc)
             raise StoreDown(f"store {self.health.url} is down: {exc}") from exc
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
         # Multi-statement operations (cleanup, reset, durable quotas) are not
         # request-path decisions: they go to the database and may raise.
-        return self.primary.run(op, transaction=transaction)
+        return self.primary.run(op, transaction=transaction, maintenance=maintenance)
 
     def _down(self, exc: BaseException) -> None:
         if self.health.mark_down(exc) and not self._closed.is_set():
@@ -531,8 +531,8 @@ class AsyncResilientStore:
             if task is not None:
                 self._deadlines.leave(task)
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
-        return await self.primary.run(op, transaction=transaction)
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        return await self.primary.run(op, transaction=transaction, maintenance=maintenance)
 
     def _down(self, exc: BaseException) -> None:
         if self.health.mark_down(exc) and not self._closed:

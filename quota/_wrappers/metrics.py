@@ -423,8 +423,8 @@ class MeteredStore:
         with _Timed(self.metrics):
             return self.store.execute_strict(statement, params)
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
-        return self.store.run(op, transaction=transaction)
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        return self.store.run(op, transaction=transaction, maintenance=maintenance)
 
     def close(self) -> None:
         self.store.close()
@@ -450,8 +450,8 @@ class AsyncMeteredStore:
         with _Timed(self.metrics):
             return await self.store.execute_strict(statement, params)
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
-        return await self.store.run(op, transaction=transaction)
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        return await self.store.run(op, transaction=transaction, maintenance=maintenance)
 
     async def aclose(self) -> None:
         await self.store.aclose()
