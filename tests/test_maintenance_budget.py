@@ -6,15 +6,16 @@ and the connections they used hold decisions to the budget again afterwards.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
 from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import quota
 from quota import Fallback
-
-pytestmark = pytest.mark.postgres
 
 ROWS = 200_000
 
@@ -54,6 +55,7 @@ def _show() -> Generator[tuple[str, tuple[()]], Sequence[Sequence[object]], str]
     return str(rows[0][0])
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize("face", ["sync", "async"])
 def test_cleanup_of_a_large_backlog_under_a_fallback(
     pg_make_database: Callable[[], str], face: str
@@ -89,3 +91,50 @@ def test_cleanup_of_a_large_backlog_under_a_fallback(
     assert windows.deleted == ROWS and ledger.deleted == ROWS
     assert _left(url) == (2, 0)  # the two live windows of "warm" and "after"
     assert budget == "50ms"  # decisions are held to the budget again
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_sqlite_cleanup_under_a_fallback_waits_its_turn(tmp_path: Path, face: str) -> None:
+    """Another process's writer holds the file for 0.3 s: the cleanup waits for it, as a
+    durable quota transaction does (main: "database is locked" at the 50 ms budget)."""
+    path = tmp_path / "q.db"
+    url = f"sqlite:///{path}"
+    quota.migrate(url)
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO quota_counters VALUES (?, ?, 0, 60, 1, 1.0)",
+            ((f"60:0:k:old{i}", f"k:old{i}") for i in range(5000)),
+        )
+    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    fallback = Fallback(timeout=0.05, probe_interval=60)
+    try:
+
+        def hold() -> threading.Timer:
+            blocker.execute("BEGIN IMMEDIATE")
+            timer = threading.Timer(0.3, lambda: blocker.execute("ROLLBACK"))
+            timer.start()
+            return timer
+
+        if face == "sync":
+            with quota.connect(url, fallback=fallback) as limiter:
+                limiter.rate_limit("warm", 10, 60)
+                timer = hold()
+                try:
+                    result = limiter.cleanup()
+                finally:
+                    timer.join()
+        else:
+
+            async def main() -> quota.CleanupResult:
+                async with quota.connect_async(url, fallback=fallback) as limiter:
+                    await limiter.rate_limit("warm", 10, 60)
+                    timer = hold()
+                    try:
+                        return await limiter.cleanup()
+                    finally:
+                        timer.join()
+
+            result = asyncio.run(main())
+    finally:
+        blocker.close()
+    assert result.deleted == 5000
