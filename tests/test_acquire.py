@@ -233,9 +233,9 @@ def test_a_hit_given_back_during_an_outage_is_not_written_back_later() -> None:
         for _ in range(3):
             with pytest.raises(quota.RateLimitTimeout):
                 limiter.acquire("k", "5/hour;1/day", timeout=0)
-        owed = limiter.store.health.take_owed(time.time())  # type: ignore[attr-defined]
-    assert sorted(params[3] for _, params in owed) == [3600, 86400]
-    assert [params[4] for _, params in owed] == [1, 1]  # the hit returned, on each rate
+        owed = limiter.store.health.take_owed(time.time(), 100)  # type: ignore[attr-defined]
+    assert sorted(hit[3] for hit in owed) == [3600, 86400]
+    assert [hit[4] for hit in owed] == [1, 1]  # the hit returned, on each rate
 
 
 def test_limit_and_limited_wrap_plain_functions(waiting_backend: tuple[Backend, Sleeps]) -> None:

@@ -673,7 +673,10 @@ def test_a_statement_past_the_budget_is_cancelled_on_the_server_and_counted_once
                         lambda: not blocked_pids(pg_url, "INSERT INTO quota_counters"), cancelled, 3
                     )
                     blocker.rollback()
-                    wait_until(lambda: limiter.store.up, "the store to be back")
+                    wait_until(
+                        lambda: limiter.store.up and not limiter.store.health.owes(),
+                        "the store to be back, the outage's hit written back",
+                    )
             else:
 
                 async def main() -> tuple[quota.Decision, float, bool]:
@@ -691,7 +694,10 @@ def test_a_statement_past_the_budget_is_cancelled_on_the_server_and_counted_once
                             3,
                         )
                         blocker.rollback()
-                        await async_wait_until(lambda: limiter.store.up, "the store to be back")
+                        await async_wait_until(
+                            lambda: limiter.store.up and not limiter.store.health.owes(),
+                            "the store to be back, the outage's hit written back",
+                        )
                         return stuck, elapsed, down
 
                 stuck, elapsed, down = asyncio.run(main())

@@ -564,6 +564,7 @@ def test_a_master_killed_mid_load_with_a_fallback_bridges_and_comes_back(
     fallback = Fallback(timeout=0.5, probe_interval=0.1)
     calls = [0]
     allowed = [0]
+    owing = [0]  # calls decided by the cluster before the outage's hits were written back
     errors: list[BaseException] = []
     went_down = threading.Event()
     stop = threading.Event()
@@ -571,11 +572,14 @@ def test_a_master_killed_mid_load_with_a_fallback_bridges_and_comes_back(
         quota.connect(cluster_url, fallback=fallback) as limiter,
         quota.connect(cluster_url) as plain,
     ):
+        store: Any = limiter.store
 
         def work() -> None:
             try:
                 while not stop.is_set():
+                    pending = store.up and store.health.owes()
                     allowed[0] += limiter.rate_limit(key, limit, 3600).allowed
+                    owing[0] += pending or (store.up and store.health.owes())
                     calls[0] += 1
                     if not limiter.store.up:
                         went_down.set()
@@ -597,8 +601,9 @@ def test_a_master_killed_mid_load_with_a_fallback_bridges_and_comes_back(
             stop.set()
             worker.join(timeout=30)
         assert not errors, errors
-        # One process: the cluster's allowance, then memory's own during the outage.
-        assert limit <= allowed[0] <= 2 * limit, allowed[0]
+        # One process: the cluster's allowance, then memory's own during the outage; the
+        # cluster may allow calls made after the switch back before the write-back landed.
+        assert limit <= allowed[0] <= 2 * limit + owing[0], (allowed[0], owing[0])
         assert cluster.master_of_key(f"{prefix}{{k:{key}}}:idx") == promoted
         # Decisions come from the cluster again: a fresh key counted there.
         assert limiter.rate_limit("after", 5, 60).allowed
@@ -616,19 +621,23 @@ def test_a_master_killed_under_async_group_commit_with_a_fallback_bridges_and_co
     victim = sorted(cluster.masters())[0]
     key = _key_on(cluster, prefix, victim, "batched-victim")
     limit = 10
-    counts = {"calls": 0, "allowed": 0}
+    counts = {"calls": 0, "allowed": 0, "owing": 0}
 
     async def main() -> None:
         limiter = quota.connect_async(
             cluster_url, batching=True, fallback=Fallback(timeout=0.5, probe_interval=0.1)
         )
+        store: Any = limiter.store
         went_down = asyncio.Event()
 
         async def hits() -> None:
             while True:
+                pending = store.up and store.health.owes()
                 decisions = await asyncio.gather(
                     *(limiter.rate_limit(key, limit, 3600) for _ in range(8))
                 )
+                if pending or (store.up and store.health.owes()):
+                    counts["owing"] += len(decisions)  # see the sync test
                 counts["calls"] += len(decisions)
                 counts["allowed"] += sum(d.allowed for d in decisions)
                 if not limiter.store.up:
@@ -659,8 +668,9 @@ def test_a_master_killed_under_async_group_commit_with_a_fallback_bridges_and_co
             await limiter.aclose()
 
     asyncio.run(main())
-    # One process: the cluster's allowance, then memory's own during the outage.
-    assert limit <= counts["allowed"] <= 2 * limit, counts
+    # One process: the cluster's allowance, then memory's own during the outage (and
+    # what the cluster allowed after the switch back, before the write-back landed).
+    assert limit <= counts["allowed"] <= 2 * limit + counts["owing"], counts
     with quota.connect(cluster_url) as plain:
         assert plain.peek("batched-after", 5, 60).count == 1  # counted on the cluster
 

@@ -53,7 +53,8 @@ def connect(
     With ``fallback=True`` (or a `quota.Fallback`) the limiter never raises
     for the database: an in-memory store decides while it errors, times out
     or is unreachable, a background probe switches back when it answers, and
-    the fixed-window hits of the outage are written back. Use it in request
+    the fixed-window hits of the outage are written back after (at most
+    ``max_keys`` windows of them). Use it in request
     paths; `fail_closed=True` on a call denies instead while the store is down.
 
     With ``record_rate_denials=True`` every rate-limit denial also appends a

@@ -382,11 +382,15 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         batch_size: int = DEFAULT_BATCH_SIZE,
         dry_run: bool = False,
     ) -> CleanupResult:
-        """Delete windows that ended more than `grace` seconds ago; see `quota._sql.ops.cleanup`."""
+        """Delete windows that ended more than `grace` seconds ago; see `quota._sql.ops.cleanup`.
+
+        With a fallback, it runs on the database without the fallback's time budget
+        (the store's own timeouts), and raises `StorageError` when the database fails.
+        """
         op = _ops.cleanup(
             self.store.dialect, self._clock(), grace=grace, batch_size=batch_size, dry_run=dry_run
         )
-        return await self.store.run(op, transaction=False)
+        return await self.store.run(op, transaction=False, maintenance=True)
 
     # -- concurrency leases (quota._limiter.leases) --------------------------------------------
 
@@ -487,12 +491,13 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         """Delete ledger entries older than `older_than` seconds (retention); usage stays.
 
         Idempotency keys whose charge is deleted are forgotten: keep the
-        ledger longer than any client retries.
+        ledger longer than any client retries. Like `cleanup`, it runs without a
+        fallback's time budget.
         """
         op = _quotas.cleanup_ledger(
             self._clock(), older_than, batch_size=batch_size, dry_run=dry_run
         )
-        return await self.store.run(op, transaction=False)
+        return await self.store.run(op, transaction=False, maintenance=True)
 
     async def check(
         self, *limits: RateWindow | QuotaLimit, cost: int = 1, idempotency_key: str | None = None
@@ -562,4 +567,4 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
     if options.fallback is None:
         return store
     memory = async_memory_fallback(options.fallback)
-    return AsyncResilientStore(store, memory, options.fallback, parsed.url)
+    return AsyncResilientStore(store, memory, options.fallback, parsed.url, options.metrics)

@@ -380,11 +380,15 @@ class Limiter(LimiterBase[SyncStore]):
         batch_size: int = DEFAULT_BATCH_SIZE,
         dry_run: bool = False,
     ) -> CleanupResult:
-        """Delete windows that ended more than `grace` seconds ago; see `quota._sql.ops.cleanup`."""
+        """Delete windows that ended more than `grace` seconds ago; see `quota._sql.ops.cleanup`.
+
+        With a fallback, it runs on the database without the fallback's time budget
+        (the store's own timeouts), and raises `StorageError` when the database fails.
+        """
         op = _ops.cleanup(
             self.store.dialect, self._clock(), grace=grace, batch_size=batch_size, dry_run=dry_run
         )
-        return self.store.run(op, transaction=False)
+        return self.store.run(op, transaction=False, maintenance=True)
 
     # -- concurrency leases (quota._limiter.leases) --------------------------------------------
 
@@ -485,12 +489,13 @@ class Limiter(LimiterBase[SyncStore]):
         """Delete ledger entries older than `older_than` seconds (retention); usage stays.
 
         Idempotency keys whose charge is deleted are forgotten: keep the
-        ledger longer than any client retries.
+        ledger longer than any client retries. Like `cleanup`, it runs without a
+        fallback's time budget.
         """
         op = _quotas.cleanup_ledger(
             self._clock(), older_than, batch_size=batch_size, dry_run=dry_run
         )
-        return self.store.run(op, transaction=False)
+        return self.store.run(op, transaction=False, maintenance=True)
 
     def check(
         self, *limits: RateWindow | QuotaLimit, cost: int = 1, idempotency_key: str | None = None
@@ -560,4 +565,4 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
     if options.fallback is None:
         return store
     memory = memory_fallback(options.fallback)
-    return ResilientStore(store, memory, options.fallback, parsed.url)
+    return ResilientStore(store, memory, options.fallback, parsed.url, options.metrics)

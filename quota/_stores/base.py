@@ -75,13 +75,17 @@ class SyncStore(Protocol):
         store is down. The same as `execute` on a store without a fallback."""
         ...
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
         """Drive `op` on one connection, in one transaction if `transaction`.
 
         Operations always reach the database, never a fallback: an operation
         that must be refused while the store is down (and held to the
         fallback's budget) is driven over `execute_strict` instead
-        (``drive(op, store.execute_strict)``).
+        (``drive(op, store.execute_strict)``). A `maintenance` operation
+        (cleanup) is no request-path call: under a fallback it runs without
+        the fallback's time budget, with the timeouts the store has without
+        one (PostgreSQL's own statement and lock timeouts; SQLite's busy
+        timeout of a durable quota transaction).
         """
         ...
 
@@ -108,7 +112,7 @@ class AsyncStore(Protocol):
         """See `SyncStore.execute_strict`."""
         ...
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
         """See `SyncStore.run`."""
         ...
 

@@ -194,8 +194,9 @@ class MemoryStore:
 
     execute_strict = execute
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
-        """Drive `op`; with `transaction`, under the lock, so no other call interleaves."""
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        """Drive `op`; with `transaction`, under the lock, so no other call interleaves.
+        (`maintenance` changes nothing: memory has no time budget.)"""
         if not transaction:
             return drive(op, self.execute)
         with self._lock:
@@ -519,7 +520,7 @@ class AsyncMemoryStore:
 
     execute_strict = execute
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
         """See `MemoryStore.run`."""
         return self.sync.run(op, transaction=transaction)
 

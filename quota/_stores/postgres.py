@@ -59,6 +59,23 @@ UNBUDGETED_TRANSACTION = (
 )
 #: ... and, under ``durability="relaxed"``, keep durable quota commits synchronous.
 DURABLE_TRANSACTION = "SET LOCAL synchronous_commit = on"
+#: A maintenance operation under a fallback (``run(..., maintenance=True)``, no
+#: transaction): the session's statement and lock timeouts back to what they are without
+#: the fallback (the server's, the role's or the database's), until `budget_settings`
+#: puts the budget back before the connection serves anything else.
+UNBUDGETED_SESSION = (
+    "SELECT set_config('statement_timeout',"
+    " (SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout'), false),"
+    " set_config('lock_timeout',"
+    " (SELECT reset_val FROM pg_settings WHERE name = 'lock_timeout'), false)"
+)
+
+
+def budget_settings(statement_timeout: float) -> str:
+    """The statement that puts a fallback's time budget on a direct connection."""
+    settings = session_settings(False, statement_timeout)
+    assert settings is not None
+    return settings
 
 
 def session_settings(
@@ -461,6 +478,19 @@ class _PostgresServer:
         # Short and without the URL (it may hold a password): `flask limiter config` prints it.
         return f"<{type(self).__name__}>"
 
+    def _lifts_budget(self, transaction: bool, maintenance: bool) -> bool:
+        """Whether `run` lifts a fallback's budget set on the session for its operation.
+
+        A transaction lifts it with ``SET LOCAL`` (`UNBUDGETED_TRANSACTION`); behind a
+        transaction pooler the budget is held by the client, never in `run`.
+        """
+        return (
+            maintenance
+            and not transaction
+            and self._statement_timeout is not None
+            and self._prepared_statements
+        )
+
 
 class AsyncPostgresStore(_PostgresServer):
     """Async PostgreSQL store on a bounded pool of `asyncpg` connections."""
@@ -579,7 +609,10 @@ class AsyncPostgresStore(_PostgresServer):
             prepared.pop(sql, None)
             return await conn.fetch(sql, *params)
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        # Maintenance without a transaction lifts the session's budget for the operation;
+        # the connection gets it back after, or is closed.
+        unbudgeted = self._lifts_budget(transaction, maintenance)
         pool, conn = await self._acquire()
         holder: list[asyncpg.Connection] = []  # the transaction holding `_sql.PG_TRY_LOCK`
         locks: dict[str, Callable[[Sequence[Any]], Awaitable[Rows]]] = {
@@ -620,7 +653,12 @@ class AsyncPostgresStore(_PostgresServer):
                 raise wrap_error(exc, self.url) from exc
 
         try:
-            if not transaction:
+            if unbudgeted:
+                await first_use(lambda: conn.execute(UNBUDGETED_SESSION))
+                result = await adrive(op, execute)
+                assert self._statement_timeout is not None
+                await conn.execute(budget_settings(self._statement_timeout))
+            elif not transaction:
                 result = await adrive(op, execute)
             else:
                 # Not `async with conn.transaction()`: whatever ends the block early
@@ -638,8 +676,10 @@ class AsyncPostgresStore(_PostgresServer):
             # Cancelled or failed anywhere: a connection whose state is known is
             # rolled back and reused; a cancelled one once its cancel has landed
             # (`_Pool.settle`); any other is closed, and the server rolls back what
-            # it had open.
-            if _state_known(exc):
+            # it had open. One whose budget was lifted is closed.
+            if unbudgeted:
+                pool.discard(conn)
+            elif _state_known(exc):
                 await self._give_back(pool, conn)
             elif _interrupted(exc):
                 pool.settle(conn)
@@ -921,7 +961,9 @@ class PostgresStore(_PostgresServer):
 
     execute_strict = execute
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        # See `AsyncPostgresStore.run`.
+        unbudgeted = self._lifts_budget(transaction, maintenance)
         pool = self._pool
         try:
             conn = pool.acquire()
@@ -951,7 +993,12 @@ class PostgresStore(_PostgresServer):
                 raise wrap_error(exc, self.url) from exc
 
         try:
-            if not transaction:
+            if unbudgeted:
+                conn.execute(UNBUDGETED_SESSION)
+                result = drive(op, execute)
+                assert self._statement_timeout is not None
+                conn.execute(budget_settings(self._statement_timeout))
+            elif not transaction:
                 result = drive(op, execute)
             else:
                 with conn.transaction():
@@ -961,7 +1008,10 @@ class PostgresStore(_PostgresServer):
                         conn.execute(UNBUDGETED_TRANSACTION)
                     result = drive(op, execute)
         except BaseException as exc:
-            self._give_back(pool, conn, exc)
+            if unbudgeted:
+                pool.discard(conn)  # its budget lifted: closed, not reused
+            else:
+                self._give_back(pool, conn, exc)
             if isinstance(exc, Exception) and not isinstance(exc, QuotaError):
                 raise wrap_error(exc, self.url) from exc
             raise

@@ -742,8 +742,9 @@ class RedisStore(_RedisStore):
 
     execute_strict = execute
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
-        """Drive `op` one statement at a time; `ConfigurationError` for a transaction."""
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        """Drive `op` one statement at a time; `ConfigurationError` for a transaction.
+        (`maintenance` changes nothing: the store's timeout is its socket's.)"""
         self._one_by_one(transaction)
         return drive(op, self.execute)
 
@@ -791,7 +792,7 @@ class AsyncRedisStore(_RedisStore):
 
     execute_strict = execute
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
         """See `RedisStore.run`."""
         self._one_by_one(transaction)
         return await adrive(op, self.execute)

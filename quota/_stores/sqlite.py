@@ -201,6 +201,15 @@ class _SQLiteFile:
         # Short and without the URL: `flask limiter config` prints it in an 80-column table.
         return f"<{type(self).__name__}>"
 
+    def _busy_pragmas(self, transaction: bool, maintenance: bool) -> tuple[str, str] | None:
+        """For a maintenance operation without a transaction under a busy timeout shorter
+        than a durable quota transaction's (a fallback's budget): the PRAGMAs that lift
+        it for the operation and put it back after. None otherwise."""
+        own = int(self._busy_timeout * 1000)
+        if not maintenance or transaction or own >= UNBUDGETED_BUSY_MS:
+            return None
+        return f"PRAGMA busy_timeout = {UNBUDGETED_BUSY_MS}", f"PRAGMA busy_timeout = {own}"
+
 
 class SQLiteStore(_SQLiteFile):
     """Sync SQLite store: threads borrow `sqlite3` connections from a bounded pool.
@@ -338,7 +347,8 @@ class SQLiteStore(_SQLiteFile):
                 conn.execute(usual)
         self._truncated(bool(busy), size)
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        lift = self._busy_pragmas(transaction, maintenance)
         pool, cursor = self._borrow()
         conn = cursor.connection
 
@@ -353,7 +363,15 @@ class SQLiteStore(_SQLiteFile):
                 raise wrap_error(exc, self.url) from exc
 
         try:
-            if not transaction:
+            if lift is not None:
+                # Maintenance (cleanup) is no request-path call: it waits its turn
+                # on the file for as long as a durable quota transaction does.
+                conn.execute(lift[0])
+                try:
+                    result = drive(op, execute)
+                finally:
+                    conn.execute(lift[1])
+            elif not transaction:
                 result = drive(op, execute)
             elif self._serialize is None:
                 result = self._transaction(conn, op, execute)
@@ -701,7 +719,8 @@ class AsyncSQLiteStore(_SQLiteFile):
                 return await _wait_out(self._opening)
             return self._conn
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        lift = self._busy_pragmas(transaction, maintenance)
         conn = self._conn or await self._start()
         assert self._lock is not None
 
@@ -716,6 +735,12 @@ class AsyncSQLiteStore(_SQLiteFile):
                 raise wrap_error(exc, self.url) from exc
 
         async with self._lock:
+            if lift is not None:  # see `SQLiteStore.run`
+                await conn.execute_fetchall(lift[0])
+                try:
+                    return await adrive(op, execute)
+                finally:
+                    await asyncio.shield(conn.execute_fetchall(lift[1]))
             if not transaction:
                 return await adrive(op, execute)
             # The whole transaction runs as one job on the worker thread: a

@@ -411,8 +411,8 @@ class AsyncBatchingStore:
     async def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
         return await self.store.execute_strict(statement, params)
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
-        return await self.store.run(op, transaction=transaction)
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        return await self.store.run(op, transaction=transaction, maintenance=maintenance)
 
     async def aclose(self) -> None:
         """Wait for the batches in flight, then close the store."""
@@ -581,8 +581,8 @@ class BatchingStore:
     def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
         return self.store.execute_strict(statement, params)
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
-        return self.store.run(op, transaction=transaction)
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        return self.store.run(op, transaction=transaction, maintenance=maintenance)
 
     def close(self) -> None:
         self.store.close()

@@ -7,9 +7,11 @@ refused connection) marks it down, logs one line, and from then on every
 statement goes straight to memory: no per-request connection attempts pile
 up. A background probe (a daemon thread for the sync face, a task for the
 async one) retries the database every `probe_interval` seconds; when it
-answers, the fixed-window hits counted in memory during the outage are added
-to the same windows in the database (those still running), and decisions
-come from the database again. Each transition is logged once.
+answers, decisions come from the database again at once, and the
+fixed-window hits counted in memory during the outage (at most `max_keys`
+windows of them; the window owed least recently is dropped first) are added
+to the same windows in the database (those still running) behind them, in
+batches of one statement each. Each transition is logged once.
 
 The limiter above this wrapper turns any error that still escapes (memory
 failing too) into an allowed decision, and answers fail-closed calls with a
@@ -22,19 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from quota._core.errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore, call_deadline
+from quota._stores.base import AsyncStore, Op, Rows, SyncStore, call_deadline
 from quota._stores.url import redact
+from quota._wrappers.batching import batch_statement, most_per_batch
+from quota._wrappers.metrics import Metrics
 
 T = TypeVar("T")
 log = logging.getLogger("quota")
@@ -50,7 +55,9 @@ class Fallback:
     probe_interval: float = 1.0
     """Seconds between attempts to reach a store that is down."""
     max_keys: int = 100_000
-    """Most keys the in-memory fallback holds (least recently used go first)."""
+    """Most keys the in-memory fallback holds (least recently used go first), and most
+    windows of outage hits it owes the database (the one owed least recently is dropped,
+    counted in the metrics' ``quota_fallback_debt_dropped_total``)."""
 
     def __post_init__(self) -> None:
         for name in ("timeout", "probe_interval"):
@@ -84,19 +91,46 @@ class StoreDown(StorageError):
 #: and whether a hit counted only if it returned a row (a capped hit denied did not).
 _OWED_HITS = {_sql.HIT.name: False, _sql.HIT_CAPPED.name: True}
 
+#: Owed windows one write-back statement carries at most, and at least; between the two,
+#: as many as take about a fifth of the fallback's budget at ~20 µs a row (PostgreSQL on
+#: a busy machine), since the statement is held to the budget like any other.
+WRITE_BACK_MAX_ROWS = 2000
+WRITE_BACK_MIN_ROWS = 100
+
+
+def write_back_rows(dialect: str, settings: Fallback) -> int:
+    """Owed windows per write-back statement for a store of `dialect` under `settings`."""
+    rows = min(WRITE_BACK_MAX_ROWS, max(WRITE_BACK_MIN_ROWS, int(settings.timeout * 10_000)))
+    return most_per_batch(dialect, rows)
+
+
+def _drop_counter(metrics: Metrics | None) -> Callable[[int], None] | None:
+    return None if metrics is None else metrics.record_debt_dropped
+
 
 class _Health:
     """Up/down state, the transition log lines, and hits owed to the database."""
 
-    def __init__(self, url: str, settings: Fallback) -> None:
+    def __init__(
+        self, url: str, settings: Fallback, on_drop: Callable[[int], None] | None = None
+    ) -> None:
+        """`on_drop` is told how many debts were dropped each time some are (see `owe`)."""
         self.url = redact(url)  # for log lines and messages
         self.settings = settings
         self.up = True
         self.since = time.monotonic()
         self.last_error: BaseException | None = None
         self._lock = threading.Lock()
-        # bucket_key -> [client_key, window_start, window, cost, window_end]
+        # bucket_key -> [client_key, window_start, window, cost, window_end], owed least
+        # recently first; at most `settings.max_keys`.
         self._owed: dict[str, list[Any]] = {}
+        #: Windows taken by a write-back and not yet written (or owed again).
+        self._writing = 0
+        #: Debts dropped since start, the oldest first, to keep at most `max_keys`.
+        self.dropped = 0
+        # None: nothing dropped this outage; False: dropped, not logged yet; True: logged.
+        self._drop_logged: bool | None = None
+        self._on_drop = on_drop
         self._failed_statements = 0
         self._next_statement_log = 0.0
 
@@ -136,18 +170,24 @@ class _Health:
             self.url, failed, exc,
         )  # fmt: skip
 
-    def mark_up(self, reconciled: int) -> None:
+    def mark_up(self) -> None:
         with self._lock:
             self.up = True
             down_for = time.monotonic() - self.since
             self.since = time.monotonic()
+            owed = len(self._owed)
         log.warning(
-            "quota: store %s is back after %.1fs; %d window(s) of outage hits written back",
-            self.url, down_for, reconciled,
+            "quota: store %s is back after %.1fs; deciding from it again, %d window(s) of"
+            " outage hits being written back",
+            self.url, down_for, owed,
         )  # fmt: skip
 
     def owe(self, statement: Statement, params: Sequence[Any], rows: Rows) -> None:
-        """Remember a fixed-window hit memory counted, to add it to the database later."""
+        """Remember a fixed-window hit memory counted, to add it to the database later.
+
+        At most `Fallback.max_keys` windows are owed: past that, the debt of the
+        window owed least recently is dropped (`dropped`, and the metrics' count).
+        """
         needs_row = _OWED_HITS.get(statement.name)
         if needs_row is None or (needs_row and not rows):
             if statement.name == _sql.UNDO_FIXED_WINDOW.name and rows:
@@ -155,11 +195,37 @@ class _Health:
             return
         bucket_key, client_key, start, window, cost, _now = params[:6]
         with self._lock:
-            entry = self._owed.get(bucket_key)
+            owed = self._owed
+            entry = owed.pop(bucket_key, None)  # owed again: now the most recent
             if entry is None:
-                self._owed[bucket_key] = [client_key, start, window, cost, start + window]
+                owed[bucket_key] = [client_key, start, window, cost, start + window]
+                if len(owed) > self.settings.max_keys:
+                    self._drop_oldest()
             else:
                 entry[3] += cost
+                owed[bucket_key] = entry
+        if self._drop_logged is False:
+            self._log_dropped()
+
+    def _drop_oldest(self) -> None:
+        """Drop the debts owed least recently down to `max_keys` (the lock is held)."""
+        owed = self._owed
+        excess = len(owed) - self.settings.max_keys
+        for bucket_key in list(itertools.islice(owed, excess)):
+            del owed[bucket_key]
+        self.dropped += excess
+        if self._drop_logged is None:
+            self._drop_logged = False  # log it, once this outage, outside the lock
+        if self._on_drop is not None:
+            self._on_drop(excess)
+
+    def _log_dropped(self) -> None:
+        self._drop_logged = True
+        log.warning(
+            "quota: more than %d windows of outage hits owed to store %s; the debts owed"
+            " least recently are dropped, not written back (Fallback.max_keys)",
+            self.settings.max_keys, self.url,
+        )  # fmt: skip
 
     def _forgive(self, bucket_key: str, cost: int) -> None:
         """Owe `cost` less on `bucket_key`: memory gave back a hit it counted (a multi-rate
@@ -173,54 +239,102 @@ class _Health:
 
     def owes(self) -> bool:
         """True while hits counted in memory wait to be written back."""
-        return bool(self._owed)
+        return bool(self._owed) or self._writing > 0
 
-    def owe_again(self, statements: Sequence[Step]) -> None:
-        """Owe again the hits of `statements` (from `take_owed`) whose write-back failed."""
+    def owed_windows(self) -> int:
+        """How many windows' outage hits wait to be written back (being written included)."""
+        return len(self._owed) + self._writing
+
+    def owe_again(self, hits: Sequence[Sequence[Any]]) -> None:
+        """Owe again `hits` (a batch of `take_owed`) whose write-back failed."""
         with self._lock:
-            for _, (bucket_key, client_key, start, window, cost, _now) in statements:
-                entry = self._owed.get(bucket_key)
+            owed = self._owed
+            self._writing -= len(hits)
+            for bucket_key, client_key, start, window, cost, _now in hits:
+                entry = owed.get(bucket_key)
                 if entry is None:
-                    self._owed[bucket_key] = [client_key, start, window, cost, start + window]
+                    owed[bucket_key] = [client_key, start, window, cost, start + window]
                 else:
-                    entry[3] += cost
+                    entry[3] += cost  # owed meanwhile too (the store went down again)
+            if len(owed) > self.settings.max_keys:
+                self._drop_oldest()
+
+    @staticmethod
+    def rejects(exc: Exception) -> bool:
+        """True for an error about the statement, not the store being unreachable: a
+        write-back failing so would fail every time. A deadlock or serialization failure
+        (SQLSTATE class 40) is not one: it is tried again."""
+        if not isinstance(exc, StorageError) or exc.outage:
+            return False
+        return not str(getattr(exc.__cause__, "sqlstate", None) or "").startswith("40")
 
     def drops(self, exc: Exception, params: Sequence[Any]) -> bool:
         """True if the write-back of owed hits `params` that failed with `exc` is given up:
-        a statement error (the key holding another type, a permission missing) would fail
-        every time, so it is dropped with an ``ERROR`` line instead of kept owed forever. A
-        deadlock or serialization failure (SQLSTATE class 40) is tried again instead."""
-        if not isinstance(exc, StorageError) or exc.outage:
+        a statement error (the key holding another type, a permission missing, `rejects`)
+        is dropped with an ``ERROR`` line instead of kept owed forever."""
+        if not self.rejects(exc):
             return False
-        if str(getattr(exc.__cause__, "sqlstate", None) or "").startswith("40"):
-            return False
+        self._log_dropped_hit(params, exc)
+        return True
+
+    def _log_dropped_hit(self, params: Sequence[Any], exc: BaseException) -> None:
         log.error(
             "quota: store %s rejected the write-back of %d hit(s) of %r counted in memory"
             " during an outage; they are dropped: %s",
             self.url, params[4], params[1], exc,
         )  # fmt: skip
-        return True
 
-    def take_owed(self, now: float) -> list[Step]:
-        """The statements that write owed hits of still-running windows back; clears the debt."""
+    def dropped_in(self, hits: Sequence[Sequence[Any]], rows: Rows) -> int:
+        """How many of a written batch's `hits` the store rejected one by one (on Redis a
+        hit whose script failed with a statement error has that error as its row); each
+        is logged, and none is owed again."""
+        dropped = 0
+        for hit, row in zip(hits, rows, strict=False):  # SQL rows are per key, not per hit
+            if row and isinstance(row[0], Exception):
+                self._log_dropped_hit(hit, row[0])
+                dropped += 1
+        return dropped
+
+    def take_owed(self, now: float, most: int) -> list[tuple[Any, ...]]:
+        """Take at most `most` owed windows still running (owed longest first) as the
+        parameters of `quota._sql.statements.HIT`; those of ended windows are forgotten.
+
+        The caller writes them back and then calls `written` with them, or `owe_again`.
+        """
+        hits: list[tuple[Any, ...]] = []
         with self._lock:
-            owed, self._owed = self._owed, {}
-        return [
-            (_sql.HIT, (bucket_key, client_key, start, window, cost, now))
-            for bucket_key, (client_key, start, window, cost, end) in sorted(owed.items())
-            if end > now
-        ]
+            owed = self._owed
+            while owed and len(hits) < most:
+                # One pass over the front of the dict per round, not one per window:
+                # each fresh iterator walks past every slot popped before it.
+                for bucket_key in list(itertools.islice(owed, most - len(hits))):
+                    client_key, start, window, cost, end = owed.pop(bucket_key)
+                    if end > now:
+                        hits.append((bucket_key, client_key, start, window, cost, now))
+            self._writing += len(hits)
+            if not owed:
+                self._drop_logged = None  # the next outage logs its drops afresh
+        return hits
+
+    def written(self, hits: Sequence[Sequence[Any]]) -> None:
+        """`hits` (a batch of `take_owed`) are in the database."""
+        with self._lock:
+            self._writing -= len(hits)
 
 
 class ResilientStore:
     """A sync store that never raises `StorageError`: memory decides while the database is down."""
 
-    def __init__(self, primary: SyncStore, memory: SyncStore, settings: Fallback, url: str) -> None:
+    def __init__(
+        self, primary: SyncStore, memory: SyncStore, settings: Fallback, url: str,
+        metrics: Metrics | None = None,
+    ) -> None:  # fmt: skip
         self.primary = primary
         self.memory = memory
         self.dialect = primary.dialect
-        self.health = _Health(url, settings)
+        self.health = _Health(url, settings, _drop_counter(metrics))
         self._hung_after = HUNG_AFTER_BUDGETS * settings.timeout
+        self._batch_rows = write_back_rows(primary.dialect, settings)
         self._probe: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -261,10 +375,10 @@ class ResilientStore:
         finally:
             call_deadline.reset(deadline)
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
         # Multi-statement operations (cleanup, reset, durable quotas) are not
         # request-path decisions: they go to the database and may raise.
-        return self.primary.run(op, transaction=transaction)
+        return self.primary.run(op, transaction=transaction, maintenance=maintenance)
 
     def _down(self, exc: BaseException) -> None:
         if self.health.mark_down(exc) and not self._closed.is_set():
@@ -272,11 +386,12 @@ class ResilientStore:
             self._probe.start()
 
     def _probe_loop(self) -> None:
-        """Probe until the store answers, write the outage's hits back, then switch to it.
+        """Probe until the store answers, switch to it, then write the outage's hits back.
 
-        Owed hits whose write-back fails stay owed and are tried again every
-        probe interval, after the switch too, until written or their window
-        has ended; the loop ends once nothing is owed.
+        Decisions come from the store again as soon as it answers; the owed
+        hits follow in batches (`_write_owed`). Owed hits whose write-back fails
+        stay owed and are tried again every probe interval until written or
+        their window has ended; the loop ends once nothing is owed.
         """
         while not self._closed.wait(self.health.settings.probe_interval):
             if threading.current_thread() is not self._probe:
@@ -287,29 +402,55 @@ class ResilientStore:
                 except Exception as exc:
                     self.health.last_error = exc
                     continue
-                written = self._write_owed()
-                if written is None:
-                    continue
-                self.health.mark_up(written)
-            # Hits memory took between the write-back and the switch.
+                self.health.mark_up()
             if self._write_owed() is not None and not self.health.owes():
                 return
 
     def _write_owed(self) -> int | None:
-        """Write owed hits back: how many windows, or None if one failed (it and the rest
-        stay owed; one failing with a statement error is dropped instead, `_Health.drops`)."""
-        owed = self.health.take_owed(time.time())
+        """Write owed hits back, one statement a batch: how many windows, or None if a batch
+        failed (it and the rest stay owed). A batch the store rejects with a statement error
+        is written again hit by hit, and only the hits rejected so are dropped
+        (`_Health.drops`)."""
         written = 0
-        for done, (statement, params) in enumerate(owed):
+        while not self._closed.is_set():
+            hits = self.health.take_owed(time.time(), self._batch_rows)
+            if not hits:
+                break
             try:
-                self.primary.execute(statement, params)
-            except Exception as exc:
-                if self.health.drops(exc, params):
+                rows = self.primary.execute(*batch_statement(self.dialect, hits))
+            except BaseException as exc:
+                if isinstance(exc, Exception) and self.health.rejects(exc):
+                    done = self._write_one_by_one(hits)
+                    if done is None:
+                        return None
+                    written += done
                     continue
-                self.health.owe_again(owed[done:])
+                self.health.owe_again(hits)
+                if not isinstance(exc, Exception):
+                    raise
+                self.health.last_error = exc
+                return None
+            self.health.written(hits)
+            written += len(hits) - self.health.dropped_in(hits, rows)
+        return written
+
+    def _write_one_by_one(self, hits: Sequence[Sequence[Any]]) -> int | None:
+        """`hits` one statement each: how many were written, or None at an outage (the
+        hits not yet written stay owed)."""
+        written = 0
+        for done, hit in enumerate(hits):
+            try:
+                self.primary.execute(_sql.HIT, hit)
+            except Exception as exc:
+                if self.health.drops(exc, hit):
+                    continue
+                self.health.written(hits[:done])
+                self.health.owe_again(hits[done:])
                 self.health.last_error = exc
                 return None
             written += 1
+        self.health.written(hits)
+        return written
         return written
 
     def close(self) -> None:
@@ -380,12 +521,14 @@ class AsyncResilientStore:
     """The async twin of `ResilientStore`; its probe is a task on the running loop."""
 
     def __init__(
-        self, primary: AsyncStore, memory: AsyncStore, settings: Fallback, url: str
-    ) -> None:
+        self, primary: AsyncStore, memory: AsyncStore, settings: Fallback, url: str,
+        metrics: Metrics | None = None,
+    ) -> None:  # fmt: skip
         self.primary = primary
         self.memory = memory
         self.dialect = primary.dialect
-        self.health = _Health(url, settings)
+        self.health = _Health(url, settings, _drop_counter(metrics))
+        self._batch_rows = write_back_rows(primary.dialect, settings)
         self._probe: asyncio.Task[None] | None = None
         self._warm: asyncio.Task[Rows] | None = None
         self._warm_due = 0.0  # the loop's time by which the first connection must be up
@@ -492,8 +635,8 @@ class AsyncResilientStore:
             if task is not None:
                 self._deadlines.leave(task)
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
-        return await self.primary.run(op, transaction=transaction)
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        return await self.primary.run(op, transaction=transaction, maintenance=maintenance)
 
     def _down(self, exc: BaseException) -> None:
         if self.health.mark_down(exc) and not self._closed:
@@ -511,27 +654,51 @@ class AsyncResilientStore:
                 except Exception as exc:
                     self.health.last_error = exc
                     continue
-                written = await self._write_owed()
-                if written is None:
-                    continue
-                self.health.mark_up(written)
+                self.health.mark_up()
             if await self._write_owed() is not None and not self.health.owes():
                 return
 
     async def _write_owed(self) -> int | None:
         """`ResilientStore._write_owed`."""
-        owed = self.health.take_owed(time.time())
         written = 0
-        for done, (statement, params) in enumerate(owed):
+        while not self._closed:
+            hits = self.health.take_owed(time.time(), self._batch_rows)
+            if not hits:
+                break
             try:
-                await self.primary.execute(statement, params)
-            except Exception as exc:
-                if self.health.drops(exc, params):
+                rows = await self.primary.execute(*batch_statement(self.dialect, hits))
+            except BaseException as exc:  # a cancellation (aclose) included
+                if isinstance(exc, Exception) and self.health.rejects(exc):
+                    done = await self._write_one_by_one(hits)
+                    if done is None:
+                        return None
+                    written += done
                     continue
-                self.health.owe_again(owed[done:])
+                self.health.owe_again(hits)
+                if not isinstance(exc, Exception):
+                    raise
+                self.health.last_error = exc
+                return None
+            self.health.written(hits)
+            written += len(hits) - self.health.dropped_in(hits, rows)
+        return written
+
+    async def _write_one_by_one(self, hits: Sequence[Sequence[Any]]) -> int | None:
+        """`ResilientStore._write_one_by_one`."""
+        written = 0
+        for done, hit in enumerate(hits):
+            try:
+                await self.primary.execute(_sql.HIT, hit)
+            except Exception as exc:
+                if self.health.drops(exc, hit):
+                    continue
+                self.health.written(hits[:done])
+                self.health.owe_again(hits[done:])
                 self.health.last_error = exc
                 return None
             written += 1
+        self.health.written(hits)
+        return written
         return written
 
     async def aclose(self) -> None:

@@ -16,6 +16,7 @@ quota_store_latency_seconds     histogram  (none)
 quota_shed_total                counter    route
 quota_abuse_alerts_total        counter    (none)
 quota_request_velocity          histogram  route, tier
+quota_fallback_debt_dropped     counter    (none)
 ==============================  =========  ==================================
 
 ``outcome`` is ``allowed`` or ``denied``; ``source`` says who decided:
@@ -28,6 +29,10 @@ Label values come from the caller: pass route templates (``/users/{id}``)
 and tier names, never raw paths or keys. A family that reaches `max_series`
 label sets counts further new ones under the value ``_other``, so a mistake
 there costs a wrong label, not unbounded memory.
+``quota_fallback_debt_dropped_total`` counts the outage hits of windows a
+fallback dropped instead of writing them back to the database: it owes at
+most ``Fallback.max_keys`` windows, and the window owed least recently goes
+first (see ``docs/resilience.md``).
 
 `quota` never imports ``prometheus_client`` unless one of those two methods
 is called.
@@ -116,6 +121,7 @@ class Metrics:
         self._abuse_recent: deque[str] = deque(maxlen=_RECENT_ALERTS)
         # (route, tier) -> per-bucket counts (the last is +Inf), then the sum of the rates.
         self._velocity: dict[tuple[str, str], list[float]] = {}
+        self._debt_dropped = 0
 
     # -- recording (the hot path) ------------------------------------------------
 
@@ -179,6 +185,11 @@ class Metrics:
             counts[index] += 1
             counts[-1] += rate
 
+    def record_debt_dropped(self, windows: int) -> None:
+        """Count `windows` windows of outage hits a fallback dropped instead of writing back."""
+        with self._lock:
+            self._debt_dropped += windows
+
     def _bump(self, family: dict[str, int], label: str) -> None:
         count = family.get(label)
         if count is None and len(family) >= self.max_series:
@@ -213,6 +224,7 @@ class Metrics:
                  "buckets": {"0.1": 3, ..., "1000.0": 9, "+Inf": 9},  # cumulative
                  "count": 9, "sum": 4.2},                            # requests/s
               ],
+              "fallback_debt_dropped": 0,  # windows of outage hits never written back
             }
         """
         with self._lock:
@@ -224,6 +236,7 @@ class Metrics:
             abuse_alerts = self._abuse_alerts
             abuse_recent = list(self._abuse_recent)
             velocity = {key: list(counts) for key, counts in self._velocity.items()}
+            debt_dropped = self._debt_dropped
         totals = {"allowed": 0, "denied": 0, "fallback": 0, "fail_open": 0}
         rows = []
         for (allowed, source, route, tier), count in sorted(decisions.items()):
@@ -251,6 +264,7 @@ class Metrics:
                 {"route": route, "tier": tier, **_histogram(VELOCITY_BUCKETS, counts)}
                 for (route, tier), counts in sorted(velocity.items())
             ],
+            "fallback_debt_dropped": debt_dropped,
         }
 
     # -- Prometheus --------------------------------------------------------------
@@ -321,12 +335,17 @@ class _PrometheusCollector:
             "Per-key request rate (requests per second) observed at each decision.",
             labels=["route", "tier"],
         )
+        debt = CounterMetricFamily(
+            "quota_fallback_debt_dropped",
+            "Windows of outage hits a fallback dropped instead of writing them back"
+            " (it owes at most Fallback.max_keys).",
+        )
         if snap is None:
             yield from (decisions, errors, shed, alerts)
             yield HistogramMetricFamily(
                 "quota_store_latency_seconds", "Store round-trip time in seconds."
             )
-            yield velocity
+            yield from (velocity, debt)
             return
         for row in snap["decisions"]:
             decisions.add_metric(
@@ -349,7 +368,8 @@ class _PrometheusCollector:
             velocity.add_metric(
                 [row["route"], row["tier"]], list(row["buckets"].items()), sum_value=row["sum"]
             )
-        yield velocity
+        debt.add_metric([], snap["fallback_debt_dropped"])
+        yield from (velocity, debt)
 
 
 def _kind(exc: BaseException) -> str:
@@ -403,8 +423,8 @@ class MeteredStore:
         with _Timed(self.metrics):
             return self.store.execute_strict(statement, params)
 
-    def run(self, op: Op[T], *, transaction: bool) -> T:
-        return self.store.run(op, transaction=transaction)
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        return self.store.run(op, transaction=transaction, maintenance=maintenance)
 
     def close(self) -> None:
         self.store.close()
@@ -430,8 +450,8 @@ class AsyncMeteredStore:
         with _Timed(self.metrics):
             return await self.store.execute_strict(statement, params)
 
-    async def run(self, op: Op[T], *, transaction: bool) -> T:
-        return await self.store.run(op, transaction=transaction)
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        return await self.store.run(op, transaction=transaction, maintenance=maintenance)
 
     async def aclose(self) -> None:
         await self.store.aclose()
