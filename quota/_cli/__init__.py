@@ -8,14 +8,6 @@ place, so the command line is the one in ``cli/``.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from quota._checkout import stand_in
 
-_FOLDER = Path(__file__).resolve().parents[2] / "cli"
-_spec = importlib.util.spec_from_file_location(
-    __name__, _FOLDER / "__init__.py", submodule_search_locations=[str(_FOLDER)]
-)
-assert _spec is not None and _spec.loader is not None
-sys.modules[__name__] = _module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
+stand_in(__name__, "cli")
