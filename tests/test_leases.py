@@ -312,17 +312,25 @@ def test_entering_and_leaving_cost_two_statements(
         limiter.close()
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{"clock": "database"}, {"fallback": True}, {"batching": True}],
-    ids=["database-clock", "fallback", "batching"],
-)
+_OPTIONS = {
+    "database-clock": {"clock": "database"},
+    "fallback": {"fallback": True},
+    "batching": {"batching": True},
+}
+
+
+@pytest.mark.parametrize("option", list(_OPTIONS))
 @pytest.mark.parametrize("name", backend_params(*EVERY_FACE))
 def test_blocks_work_under_every_option(
-    request: pytest.FixtureRequest, name: str, options: dict[str, Any]
+    request: pytest.FixtureRequest, name: str, option: str
 ) -> None:
-    if options.get("batching") and dialect_of(name) == "memory":
-        pytest.skip("memory:// refuses batching")
+    options = _OPTIONS[option]
+    if option == "batching" and dialect_of(name) == "memory":
+        # memory:// refuses batching when it is opened: nothing to hold a block under.
+        connect = quota.connect_async if name.endswith("-async") else quota.connect
+        with pytest.raises(quota.ConfigurationError, match="batching"):
+            connect(_url(request, dialect_of(name)), **options)
+        return
     options = dict(options)  # the parameter is shared by every row
     side = Side(name, _url(request, dialect_of(name)), options.pop("clock", None), **options)
     try:
