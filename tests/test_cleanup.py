@@ -436,7 +436,13 @@ def test_a_postgres_sweep_batch_reads_no_more_than_its_rows_however_many_expired
         )
         conn.execute("ANALYZE quota_counters")
         conn.execute("ANALYZE quota_state")
-        statements = _sweep_statements("postgresql", now, 10_000)
+        # The counters and the algorithm state; the leases (a row per running block, never
+        # a backlog of millions) keep the plain form.
+        statements = [
+            (sql, params)
+            for sql, params in _sweep_statements("postgresql", now, 10_000)
+            if "quota_leases" not in sql
+        ]
         assert len(statements) == 2
         for sql, params in statements:
             plan = "\n".join(str(r[0]) for r in conn.execute("EXPLAIN " + sql, params))

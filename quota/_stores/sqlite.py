@@ -191,6 +191,35 @@ class _SQLiteFile:
             f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}",
         )
 
+    def _truncate_now(self, conn: sqlite3.Connection, size: int) -> None:
+        """A TRUNCATE checkpoint on `conn`, the WAL being `size` bytes.
+
+        SQLite's automatic checkpoint (PASSIVE, every 1000 pages) copies the
+        WAL back but can start it over only at a moment when no other
+        connection reads from it: with several processes writing without a
+        pause, that moment never comes and the WAL grows by every write (about
+        100 MB in 5 s from four processes). A TRUNCATE checkpoint waits (within
+        the busy timeout) for that moment, making the others' writes wait the
+        few milliseconds it takes, then empties the file. SQLite answers busy
+        at once, without waiting, while another connection checkpoints (their
+        automatic checkpoints, after each write while the WAL is big): that is
+        retried for at most `WAL_TRUNCATE_WAIT`.
+        """
+        (short, usual), busy = self._truncate_pragmas(), 1
+        deadline = time.monotonic() + min(self._busy_timeout, WAL_TRUNCATE_WAIT)
+        try:
+            conn.execute(short)
+            while (busy := conn.execute(_TRUNCATE).fetchall()[0][0]) and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(_CHECKPOINT_RETRY)  # another connection is checkpointing
+        except sqlite3.Error:
+            pass
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(usual)
+        self._truncated(bool(busy), size)
+
     def _require_file(self) -> None:
         """Raise `SchemaError` if the file is missing: connecting would create it empty."""
         missing = missing_sqlite_file(self._path, self.url)
@@ -314,38 +343,14 @@ class SQLiteStore(_SQLiteFile):
         return rows
 
     def _bound_wal(self, cursor: sqlite3.Cursor) -> None:
-        """Empty the WAL if it has outgrown `WAL_TRUNCATE_BYTES`.
+        """Empty the WAL if it has outgrown `WAL_TRUNCATE_BYTES` (`_truncate_now`).
 
-        SQLite's automatic checkpoint (PASSIVE, every 1000 pages) copies the
-        WAL back but can start it over only at a moment when no other
-        connection reads from it: with several processes writing without a
-        pause, that moment never comes and the WAL grows by every write (about
-        100 MB in 5 s from four processes). A TRUNCATE checkpoint waits (within
-        the busy timeout) for that moment, making the others' writes wait the
-        few milliseconds it takes, then empties the file. SQLite answers busy
-        at once, without waiting, while another connection checkpoints (their
-        automatic checkpoints, after each write while the WAL is big): that is
-        retried for at most `WAL_TRUNCATE_WAIT`. Run by the one statement in
-        `WAL_CHECK_EVERY` that finds the WAL too big, after its own answer is
-        in; a checkpoint that cannot finish is left to the next.
+        Run by the one statement in `WAL_CHECK_EVERY` that finds the WAL too big,
+        after its own answer is in; a checkpoint that cannot finish is left to the next.
         """
         size = self._truncate_due()
-        if not size:
-            return
-        conn, (short, usual), busy = cursor.connection, self._truncate_pragmas(), 1
-        deadline = time.monotonic() + min(self._busy_timeout, WAL_TRUNCATE_WAIT)
-        try:
-            conn.execute(short)
-            while (busy := conn.execute(_TRUNCATE).fetchall()[0][0]) and (
-                time.monotonic() < deadline
-            ):
-                time.sleep(_CHECKPOINT_RETRY)  # another connection is checkpointing
-        except sqlite3.Error:
-            pass
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute(usual)
-        self._truncated(bool(busy), size)
+        if size:
+            self._truncate_now(cursor.connection, size)
 
     def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
         lift = self._busy_pragmas(transaction, maintenance)
@@ -660,8 +665,12 @@ class AsyncSQLiteStore(_SQLiteFile):
             # (a task deciding in a tight loop). Checkpoint here rather than let
             # the WAL grow; this task holds the loop anyway.
             assert self._inline is not None
-            with contextlib.suppress(sqlite3.Error):
-                self._inline.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            due = self._truncate_due()
+            if due:  # past WAL_TRUNCATE_BYTES a PASSIVE one would not start the WAL over
+                self._truncate_now(self._inline.connection, due)
+            else:
+                with contextlib.suppress(sqlite3.Error):
+                    self._inline.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             self._checkpoint_asked = self._inline_count
 
     async def _checkpoint_wal(self) -> None:
