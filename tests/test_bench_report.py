@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from quota._cli import main
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from quota._cli import main
 
 import quota
+from quota._cli import main
 
 pytestmark = pytest.mark.postgres
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from quota._cli import main
 
 import quota
+from quota._cli import main
 from quota._sql.schema import REQUIRED, REVISIONS
 from quota._tools import doctor as _doctor
 from quota._tools.doctor import ERROR, OK, WARN

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from quota._cli import main
 
 import quota
+from quota._cli import main
 from quota._sql import schema as _schema
 from quota._sql.schema import REVISIONS
 from quota._tools import doctor as _doctor

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from quota._cli import main
 
+from quota._cli import main
 from quota.http import hashed_subject
 
 SECRET = "cli-hash-secret-0123456789"

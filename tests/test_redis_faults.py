@@ -279,6 +279,7 @@ def _findings(url: str, check: str) -> list[quota.Finding]:
 @pytest.mark.parametrize("server_settings", [("--maxmemory-policy", "allkeys-lru")])
 def test_doctor_warns_of_an_eviction_policy_that_drops_counters(server: RedisServer) -> None:
     from click.testing import CliRunner
+
     from quota._cli import main
 
     url = server.url(prefix=PREFIX)

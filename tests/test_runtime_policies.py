@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from quota._cli import main
 
 import quota
+from quota._cli import main
 from quota.http import HttpConfig, PolicyRow, RoutePolicy, delete_policy, list_policies, set_policy
 from quota.http._core import Guard, drive_sync, sync_effects
 from quota.http._identity import Identity, RequestInfo
