@@ -29,14 +29,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from quota._core.errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, Op, Rows, SyncStore, call_deadline
+from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore, adrive, call_deadline, drive
 from quota._stores.url import redact
 from quota._wrappers.batching import batch_statement, most_per_batch
 from quota._wrappers.metrics import Metrics
@@ -322,6 +322,62 @@ class _Health:
             self._writing -= len(hits)
 
 
+def _write_back(
+    health: _Health, dialect: str, rows: int, closed: Callable[[], bool]
+) -> Generator[Step, Rows, int | None]:
+    """Write owed hits back, one statement a batch of `rows` windows, until none is left or
+    `closed()`: how many windows, or None if a batch failed (it and the rest stay owed).
+
+    A batch the store rejects with a statement error is written again hit by hit, and
+    only the hits rejected so are dropped (`_Health.drops`). Both faces drive it.
+    """
+    written = 0
+    while not closed():
+        hits = health.take_owed(time.time(), rows)
+        if not hits:
+            break
+        try:
+            answer = yield batch_statement(dialect, hits)
+        except BaseException as exc:  # a cancellation (aclose) included
+            if isinstance(exc, Exception) and health.rejects(exc):
+                done = yield from _write_one_by_one(health, hits)
+                if done is None:
+                    return None
+                written += done
+                continue
+            health.owe_again(hits)
+            if not isinstance(exc, Exception):
+                raise
+            health.last_error = exc
+            return None
+        health.written(hits)
+        written += len(hits) - health.dropped_in(hits, answer)
+    return written
+
+
+def _write_one_by_one(
+    health: _Health, hits: Sequence[Sequence[Any]]
+) -> Generator[Step, Rows, int | None]:
+    """`hits` one statement each: how many were written, or None at an outage (the hits not
+    yet written stay owed)."""
+    written = 0
+    for done, hit in enumerate(hits):
+        try:
+            yield _sql.HIT, hit
+        except BaseException as exc:  # a cancellation (aclose) included
+            if isinstance(exc, Exception) and health.drops(exc, hit):
+                continue
+            health.written(hits[:done])
+            health.owe_again(hits[done:])
+            if not isinstance(exc, Exception):
+                raise
+            health.last_error = exc
+            return None
+        written += 1
+    health.written(hits)
+    return written
+
+
 class ResilientStore:
     """A sync store that never raises `StorageError`: memory decides while the database is down."""
 
@@ -407,51 +463,11 @@ class ResilientStore:
                 return
 
     def _write_owed(self) -> int | None:
-        """Write owed hits back, one statement a batch: how many windows, or None if a batch
-        failed (it and the rest stay owed). A batch the store rejects with a statement error
-        is written again hit by hit, and only the hits rejected so are dropped
-        (`_Health.drops`)."""
-        written = 0
-        while not self._closed.is_set():
-            hits = self.health.take_owed(time.time(), self._batch_rows)
-            if not hits:
-                break
-            try:
-                rows = self.primary.execute(*batch_statement(self.dialect, hits))
-            except BaseException as exc:
-                if isinstance(exc, Exception) and self.health.rejects(exc):
-                    done = self._write_one_by_one(hits)
-                    if done is None:
-                        return None
-                    written += done
-                    continue
-                self.health.owe_again(hits)
-                if not isinstance(exc, Exception):
-                    raise
-                self.health.last_error = exc
-                return None
-            self.health.written(hits)
-            written += len(hits) - self.health.dropped_in(hits, rows)
-        return written
-
-    def _write_one_by_one(self, hits: Sequence[Sequence[Any]]) -> int | None:
-        """`hits` one statement each: how many were written, or None at an outage (the
-        hits not yet written stay owed)."""
-        written = 0
-        for done, hit in enumerate(hits):
-            try:
-                self.primary.execute(_sql.HIT, hit)
-            except Exception as exc:
-                if self.health.drops(exc, hit):
-                    continue
-                self.health.written(hits[:done])
-                self.health.owe_again(hits[done:])
-                self.health.last_error = exc
-                return None
-            written += 1
-        self.health.written(hits)
-        return written
-        return written
+        """Write owed hits back (`_write_back`): how many windows, or None if a batch failed."""
+        return drive(
+            _write_back(self.health, self.dialect, self._batch_rows, self._closed.is_set),
+            self.primary.execute,
+        )
 
     def close(self) -> None:
         self._closed.set()
@@ -660,46 +676,10 @@ class AsyncResilientStore:
 
     async def _write_owed(self) -> int | None:
         """`ResilientStore._write_owed`."""
-        written = 0
-        while not self._closed:
-            hits = self.health.take_owed(time.time(), self._batch_rows)
-            if not hits:
-                break
-            try:
-                rows = await self.primary.execute(*batch_statement(self.dialect, hits))
-            except BaseException as exc:  # a cancellation (aclose) included
-                if isinstance(exc, Exception) and self.health.rejects(exc):
-                    done = await self._write_one_by_one(hits)
-                    if done is None:
-                        return None
-                    written += done
-                    continue
-                self.health.owe_again(hits)
-                if not isinstance(exc, Exception):
-                    raise
-                self.health.last_error = exc
-                return None
-            self.health.written(hits)
-            written += len(hits) - self.health.dropped_in(hits, rows)
-        return written
-
-    async def _write_one_by_one(self, hits: Sequence[Sequence[Any]]) -> int | None:
-        """`ResilientStore._write_one_by_one`."""
-        written = 0
-        for done, hit in enumerate(hits):
-            try:
-                await self.primary.execute(_sql.HIT, hit)
-            except Exception as exc:
-                if self.health.drops(exc, hit):
-                    continue
-                self.health.written(hits[:done])
-                self.health.owe_again(hits[done:])
-                self.health.last_error = exc
-                return None
-            written += 1
-        self.health.written(hits)
-        return written
-        return written
+        return await adrive(
+            _write_back(self.health, self.dialect, self._batch_rows, lambda: self._closed),
+            self.primary.execute,
+        )
 
     async def aclose(self) -> None:
         self._closed = True
