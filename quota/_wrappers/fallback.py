@@ -241,10 +241,6 @@ class _Health:
         """True while hits counted in memory wait to be written back."""
         return bool(self._owed) or self._writing > 0
 
-    def owed_windows(self) -> int:
-        """How many windows' outage hits wait to be written back (being written included)."""
-        return len(self._owed) + self._writing
-
     def owe_again(self, hits: Sequence[Sequence[Any]]) -> None:
         """Owe again `hits` (a batch of `take_owed`) whose write-back failed."""
         with self._lock:
