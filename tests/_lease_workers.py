@@ -1,4 +1,4 @@
-"""Concurrency blocks in worker processes (``spawn``), for tests/test_leases.py.
+"""Concurrency blocks in worker processes (``spawn``), for tests/limiter/test_leases.py.
 
 Each worker builds its own limiter from a URL. What the tests measure, the workers
 record outside quota: every holder appends a line to a shared file opened with

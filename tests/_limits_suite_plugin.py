@@ -1,6 +1,6 @@
 """The pytest plugin that points `limits`' own test suite at quota's storages.
 
-No tests here: `tests/test_limits_suite.py` runs limits' test files (from its
+No tests here: `tests/contrib/test_limits_suite.py` runs limits' test files (from its
 sdist) in a subprocess with ``-p _limits_suite_plugin --noconftest``, and
 this plugin, loaded there and only there, does what limits' conftest and
 ``tests/utils.py`` do for its own storages:

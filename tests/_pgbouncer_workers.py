@@ -1,4 +1,4 @@
-"""Code that runs in worker processes (``spawn``) for tests/test_pgbouncer.py.
+"""Code that runs in worker processes (``spawn``) for tests/stores/test_pgbouncer.py.
 
 Run through `tests._workers.run_processes` (``target(barrier, *args)``). Each
 worker builds its own limiter from a URL (through a PgBouncer, usually with

@@ -508,7 +508,7 @@ class Backend:
 
 #: Every store quota opens, keyed by the dialects of `quota._stores.url.DIALECTS` (the one
 #: table of URL schemes and drivers; `parse_url` rejects an unknown scheme, listing the
-#: known ones). tests/test_generated.py checks that the two tables name the same dialects.
+#: known ones). tests/package/test_generated.py checks that the two tables name the same dialects.
 STORES: dict[str, Backend] = {
     "sqlite": Backend(_sqlite, _async_sqlite),
     "postgresql": Backend(_postgres, _async_postgres),

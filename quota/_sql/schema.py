@@ -5,7 +5,7 @@ runs DDL. `metadata` describes exactly what they create at head, on SQLite
 and on PostgreSQL (the plain, unpartitioned counters table): Alembic's
 autogenerate compares it with a database (`include_object` names the two
 things it cannot compare), and ``quota doctor`` reads the expected schema
-from it. ``tests/test_schema.py`` holds the two to each other.
+from it. ``tests/sql/test_schema.py`` holds the two to each other.
 
 What the metadata cannot say, because it is not a property SQLAlchemy
 models or it depends on a ``quota migrate`` option, is said here beside it:

@@ -1,0 +1,1 @@
+"""The `quota` command (`cli/`)."""

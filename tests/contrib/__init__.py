@@ -1,0 +1,1 @@
+"""The integrations: the `limits` storages and the Django app (`quota.contrib`)."""

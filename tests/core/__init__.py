@@ -1,0 +1,1 @@
+"""The algorithms and their exactness, rates, and the checks of input (`quota/_core`)."""

@@ -1,0 +1,1 @@
+"""The HTTP layer: middlewares, headers, identity, runtime policies, shedding (`quota.http`)."""

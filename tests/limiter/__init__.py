@@ -1,0 +1,1 @@
+"""The limiter: waiting, leases, durable quotas, concurrency across processes (`quota/_limiter`)."""

@@ -1,0 +1,1 @@
+"""The whole product: the wheel, generated code, the public API, the examples."""

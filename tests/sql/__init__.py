@@ -1,0 +1,1 @@
+"""Schema, migrations, engines, partitions and cleanup (`quota/_sql`)."""

@@ -1,0 +1,1 @@
+"""`quota doctor`, `quota bench` and `quota demo` (`quota/_tools`)."""

@@ -1,0 +1,1 @@
+"""Batching, the fallback, metrics and abuse detection (`quota/_wrappers`)."""
