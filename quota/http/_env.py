@@ -19,6 +19,7 @@ from typing import Any
 from quota._core.algorithms import ALGORITHMS, Rate
 from quota._core.decision import MAX_LIMIT, MAX_WINDOW
 from quota._core.errors import ConfigurationError
+from quota._core.parsing import parse_decimal, parse_flag, parse_whole
 from quota._core.rates import parse_rates
 from quota.http._config import (
     _NAME,
@@ -134,40 +135,28 @@ def warn_unread(env: Mapping[str, str], routes: Sequence[str]) -> None:
         )  # fmt: skip
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def _bool(name: str, text: str) -> bool:
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigurationError(f"${name} must be true or false, got {text!r}")
-
-
-#: Only ASCII digits: ``str.isdigit`` also takes ``'²'`` (which `int` refuses) and
-#: ``'\u0661\u0660'`` (which `int` and `float` read as 10). Digits are few enough for `int`.
-_WHOLE = re.compile(r"[0-9]{1,19}")
-_DECIMAL = re.compile(r"(?:[0-9]{1,19}(?:\.[0-9]{0,19})?|\.[0-9]{1,19})(?:[eE][+-]?[0-9]{1,3})?")
+    flag = parse_flag(text)
+    if flag is None:
+        raise ConfigurationError(f"${name} must be true or false, got {text!r}")
+    return flag
 
 
 def _int(name: str, text: str, minimum: int = 1, maximum: int = MAX_LIMIT) -> int:
     """``$name``'s whole number in ``minimum..maximum``; `ConfigurationError` naming it otherwise."""
-    value = text.strip()
-    if not _WHOLE.fullmatch(value) or not minimum <= int(value) <= maximum:
+    number = parse_whole(text)
+    if number is None or not minimum <= number <= maximum:
         raise ConfigurationError(
             f"${name} must be a whole number between {minimum} and {maximum}, got {text!r}"
         )
-    return int(value)
+    return number
 
 
 def _float(name: str, text: str, *, minimum: float = 0.0, maximum: float = float(MAX_LIMIT),
            exclusive: bool = False) -> float:  # fmt: skip
     """``$name``'s decimal number in ``minimum..maximum`` (above `minimum` when `exclusive`)."""
-    value = text.strip()
-    number = float(value) if _DECIMAL.fullmatch(value) else math.nan
+    parsed = parse_decimal(text)
+    number = math.nan if parsed is None else parsed
     low_ok = number > minimum if exclusive else number >= minimum
     if not (low_ok and number <= maximum):  # NaN (not a number) fails both
         low = f"above {minimum:g}" if exclusive else f"at least {minimum:g}"
@@ -395,7 +384,7 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
             )
         out["key_prefix"] = found[1].strip()
     if found := _get(env, "QUOTA_UNVALIDATED_TOKEN_CEILING"):
-        off = found[1].strip().lower() in _FALSE | {"none"}
+        off = parse_flag(found[1]) is False or found[1].strip().lower() == "none"
         out["unvalidated_token_ceiling"] = (
             None if off else _float(*found, minimum=MIN_FACTOR, maximum=MAX_FACTOR)
         )
