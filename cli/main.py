@@ -23,7 +23,6 @@ import datetime as dt
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ import click
 
 import quota
 from quota._core.decision import parse_duration
+from quota._core.parsing import parse_decimal, parse_whole
 from quota._stores.url import DEFAULT_URL, ENV_VAR, parse_url, redact
 
 EXIT_OK = 0
@@ -172,7 +172,6 @@ class Whole(click.types.IntParamType):
     """A whole number in ASCII digits, at least `minimum` (click's ``int`` reads U+0661 U+0660 as 10)."""
 
     name = "integer"
-    _TEXT = re.compile(r"-?[0-9]{1,19}")
 
     def __init__(self, minimum: int | None = None) -> None:
         self.minimum = minimum
@@ -180,8 +179,8 @@ class Whole(click.types.IntParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
-        elif isinstance(value, str) and self._TEXT.fullmatch(value.strip()):
-            number = int(value.strip())
+        elif isinstance(value, str) and (whole := parse_whole(value, signed=True)) is not None:
+            number = whole
         else:
             self.fail(f"{value!r} is not a whole number (ASCII digits)", param, ctx)
         if self.minimum is not None and number < self.minimum:
@@ -193,7 +192,6 @@ class Number(click.types.FloatParamType):
     """A finite decimal number in ASCII digits (click's ``float`` takes ``nan`` and U+0661 U+0660)."""
 
     name = "number"
-    _TEXT = re.compile(r"(?:[0-9]{1,15}(?:\.[0-9]{0,15})?|\.[0-9]{1,15})(?:[eE][+-]?[0-9]{1,3})?")
 
     def __init__(self, above: float = 0.0, maximum: float = math.inf) -> None:
         self.above = above
@@ -204,8 +202,8 @@ class Number(click.types.FloatParamType):
     ) -> float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value)
-        elif isinstance(value, str) and self._TEXT.fullmatch(value.strip()):
-            number = float(value.strip())
+        elif isinstance(value, str) and (decimal := parse_decimal(value)) is not None:
+            number = decimal
         else:
             self.fail(f"{value!r} is not a decimal number (ASCII digits)", param, ctx)
         if not self.above < number <= self.maximum:

@@ -21,6 +21,7 @@ from quota._core.algorithms import (
 )
 from quota._core.decision import Decision
 from quota._core.errors import ConfigurationError
+from quota._core.parsing import parse_whole
 
 _UNITS = {
     **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
@@ -34,17 +35,15 @@ _RATE = re.compile(
     r"(?:\s+burst\s+(?P<burst>\S+))?\s*$",
     re.ASCII,
 )
-#: ASCII digits only: ``str.isdigit`` also takes ``'²'`` (which `int` refuses) and
-#: ``'\u0661\u0660'`` (which it reads as 10). Nineteen digits hold every limit accepted.
-_WHOLE = re.compile(r"[0-9]{1,19}")
 
 
 def _whole(part: str, what: str, text: str) -> int:
-    if not _WHOLE.fullmatch(part) or int(part) < 1:
+    number = parse_whole(part)
+    if number is None or number < 1:
         raise ConfigurationError(
             f"{what} {part!r} in rate {text!r} must be a positive whole number (ASCII digits)"
         )
-    return int(part)
+    return number
 
 
 def parse_rate(text: str, *, algorithm: str | None = None) -> Rate:

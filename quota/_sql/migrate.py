@@ -26,6 +26,7 @@ from alembic.config import Config
 from alembic.runtime.environment import EnvironmentContext
 
 from quota._core.errors import ConfigurationError, SchemaError, StorageError
+from quota._core.parsing import parse_flag
 from quota._sql.schema import include_name, include_object, metadata, missing_sqlite_file
 from quota._sql.statements import VERSION_TABLE
 from quota._stores.url import check_schema, default_url, parse_url, redact
@@ -47,7 +48,7 @@ def _config(output: TextIO | None = None) -> Config:
 
 
 def _truthy(value: object) -> bool:
-    return str(value).strip().lower() in {"1", "true", "yes", "on"}
+    return parse_flag(str(value)) is True
 
 
 def option(context: Any, name: str) -> bool:

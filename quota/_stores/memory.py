@@ -26,7 +26,6 @@ holds it. ``?max_keys=N`` bounds the rows (default 100,000).
 from __future__ import annotations
 
 import functools
-import re
 import threading
 import time
 import weakref
@@ -38,6 +37,7 @@ from urllib.parse import parse_qsl
 from quota._core.algorithms import bucket_step, gcra_step, sliding_step, window_start
 from quota._core.decision import check_int
 from quota._core.errors import ConfigurationError
+from quota._core.parsing import parse_whole
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
 from quota._stores.base import Op, Rows, drive, handlers, unsupported
@@ -108,7 +108,8 @@ def parse_target(target: str) -> tuple[str, int]:
             raise ConfigurationError(
                 f"unknown option {option!r} in memory://{target}; the only one is max_keys"
             )
-        max_keys = int(value) if re.fullmatch(r"[0-9]{1,10}", value) else value
+        whole = parse_whole(value)
+        max_keys = value if whole is None else whole
     return name.strip("/"), check_int("max_keys", max_keys, maximum=10**9)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode
 
 from quota._core.errors import ConfigurationError
+from quota._core.parsing import parse_flag
 
 #: Where the embedded default keeps its counters when nothing is configured.
 DEFAULT_URL = "sqlite:///quota.sqlite3"
@@ -129,8 +130,6 @@ class StoreURL:
 
 #: Query parameters of a PostgreSQL URL that are quota's own, not libpq's.
 QUOTA_PARAMETERS = ("prepared_statements", "schema")
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
 #: A schema name quota accepts: a plain PostgreSQL identifier (it is quoted anyway).
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
@@ -161,10 +160,8 @@ def own_parameters(url: str, target: str) -> tuple[str, dict[str, bool | str]]:
             kept.append((name, value))
         elif name == "schema":
             own[name] = check_schema(value, f"url query parameter schema in {redact(url)!r}")
-        elif value.lower() in _TRUE:
-            own[name] = True
-        elif value.lower() in _FALSE:
-            own[name] = False
+        elif (flag := parse_flag(value)) is not None:
+            own[name] = flag
         else:
             raise ConfigurationError(
                 f"url query parameter {name}={value!r} in {redact(url)!r} must be true or false"

@@ -75,6 +75,7 @@ from limits.storage.base import SlidingWindowCounterSupport, Storage, Timestampe
 
 from quota._core.decision import stored_key
 from quota._core.errors import ConfigurationError, StorageError
+from quota._core.parsing import parse_flag
 from quota._limiter import AsyncLimiter, Limiter, connect, connect_async
 from quota._sql.partitions import IS_PARTITIONED
 from quota._sql.statements import Statement
@@ -369,11 +370,10 @@ def quota_url(uri: str, prefix: str) -> str:
 
 
 def _flag(value: str) -> bool:
-    if value.lower() in ("true", "1", "yes", "on"):
-        return True
-    if value.lower() in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(value)
+    flag = parse_flag(value)
+    if flag is None:
+        raise ValueError(value)
+    return flag
 
 
 #: Storage options and how a string from configuration converts to each.

@@ -14,11 +14,12 @@ only translate requests and responses. See docs/http.md.
 from __future__ import annotations
 
 from quota.http._capacity import Plans, SystemPressure
-from quota.http._config import HttpConfig, RoutePolicy
+from quota.http._config import HttpConfig
 from quota.http._core import HttpMetrics
 from quota.http._env import ENV_VARS
 from quota.http._identity import Identity, RequestInfo, hashed_subject, sign
 from quota.http._responses import EXPOSE_HEADERS, Denial, HttpResponse
+from quota.http._routes import RoutePolicy
 from quota.http._runtime import (
     PolicyRow,
     SettingRow,

@@ -29,7 +29,7 @@ from dataclasses import replace
 from quota._core.algorithms import Rate
 from quota._core.decision import MAX_LIMIT, check_span
 from quota._core.errors import ConfigurationError
-from quota.http._config import Rates
+from quota.http._routes import Rates
 
 
 def _scaled(value: int, factor: float, floor: int) -> int:

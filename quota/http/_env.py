@@ -4,6 +4,11 @@
 ``RATE_LIMIT_*`` names other rate limiters use) over the settings given in
 code. Every variable set is checked, used or not: a malformed one raises
 `ConfigurationError` naming it and its value.
+
+A variable that sets one field is one row of `FIELD_VARS` (its names, the
+field, its parser, what it sets); the variables of the route classes
+(`ROUTE_VARS`) are read per class, their parsing depending on its
+algorithm. `ENV_VARS` is made from both.
 """
 
 from __future__ import annotations
@@ -12,26 +17,24 @@ import difflib
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from quota._core.algorithms import ALGORITHMS, Rate
 from quota._core.decision import MAX_LIMIT, MAX_WINDOW
 from quota._core.errors import ConfigurationError
+from quota._core.parsing import parse_decimal, parse_flag, parse_whole
 from quota._core.rates import parse_rates
-from quota.http._config import (
-    _NAME,
+from quota.http._fields import (
     DEFAULT_PLAN_SCALES,
     DEFAULT_TIER_MULTIPLIERS,
     HEADER_STYLES,
     MAX_FACTOR,
     MIN_FACTOR,
+    NAME,
     PROBLEM_TYPES,
-    Rates,
-    RoutePolicy,
-    _utf8,
-    compile_paths,
+    utf8,
 )
 from quota.http._identity import (
     AUTH,
@@ -40,48 +43,7 @@ from quota.http._identity import (
     parse_networks,
 )
 from quota.http._identity import proxy_rules as build_proxy_rules
-
-ENV_VARS: Mapping[str, str] = {
-    "QUOTA_ENABLED": "master switch (true/false); alias RATE_LIMIT_ENABLED",
-    "QUOTA_SHADOW": "shadow mode: decide and report, never block",
-    "QUOTA_RATES": "rates of the default route class, e.g. '100/minute;1000/day'",
-    "QUOTA_AUTHED_RATES": "rates of the default class for the auth tier",
-    "QUOTA_ALGORITHM": "algorithm of the default class",
-    "QUOTA_FAIL_OPEN": "default class: let requests through when the limiter fails",
-    "QUOTA_POLICY_<NAME>_RATES": "rates of route class NAME (also _AUTHED_RATES, _COST, _FAIL_OPEN)",
-    "RATE_LIMIT_<NAME>_PER_MIN": "anon limit of class NAME per RATE_LIMIT_WINDOW_SEC (default 60)",
-    "RATE_LIMIT_<NAME>_AUTHED_PER_MIN": "auth-tier limit of class NAME per window",
-    "RATE_LIMIT_WINDOW_SEC": "window of the RATE_LIMIT_*_PER_MIN limits",
-    "RATE_LIMIT_CAPACITY": "default class as a token bucket of this capacity (alias RATE_LIMIT_MAX_REQUESTS)",
-    "RATE_LIMIT_WINDOW_MS": "window of RATE_LIMIT_CAPACITY in ms (default 60000)",
-    "RATE_LIMIT_REFILL_PER_SEC": "refill of RATE_LIMIT_CAPACITY (default capacity per window)",
-    "QUOTA_EXCLUDE": "comma-separated path patterns never limited",
-    "QUOTA_MUTATIONS_ONLY": "only POST/PUT/PATCH/DELETE count",
-    "QUOTA_TRUSTED_PROXIES": "comma-separated CIDRs whose forwarding headers are believed",
-    "QUOTA_CLIENT_IP_HEADER": "client-IP header: a name from every trusted proxy, or 'cidr=name,…'",
-    "QUOTA_FORWARDED_HEADER": "chain header of the trusted proxies: x-forwarded-for or forwarded",
-    "QUOTA_HASH_SECRET": "key of the IP/token hashes (>= 16 bytes); alias RATE_LIMIT_SECRET",
-    "QUOTA_HMAC_KEYS": "signed callers: 'keyid:secret,keyid2:secret2'; AGENT_HMAC_SECRET adds key id 'default'",
-    "QUOTA_HMAC_WINDOW": "seconds a signature is valid either side of its timestamp",
-    "QUOTA_TIER_MULTIPLIERS": "e.g. 'auth=5,trusted=10'",
-    "QUOTA_PLAN_SCALES": "e.g. 'enterprise=3,pro=1.5'",
-    "QUOTA_ADAPTIVE": "lower capacity under system pressure",
-    "QUOTA_HEADERS": "both, legacy, ietf or none",
-    "QUOTA_PROBLEM_TYPE": "body of the 429: quota-exceeded (default) or about:blank",
-    "QUOTA_PARTITION_KEY": "add pk (a keyed digest of the caller's bucket) to the IETF fields",
-    "QUOTA_RUNTIME_POLICIES": "read overrides from the quota_policies table",
-    "QUOTA_POLICY_CACHE_SECONDS": "period of the overrides' refresh; changes apply on every worker at its boundaries",
-    "QUOTA_KEY_PREFIX": "first part of every key",
-    "QUOTA_UNVALIDATED_TOKEN_CEILING": "per-IP ceiling of unvalidated tokens, x the auth tier's limits ('off': none)",
-    "QUOTA_PRESSURE_HORIZON": "seconds ahead adaptive capacity predicts pressure (0: the moving average alone)",
-    "QUOTA_VELOCITY": "track each key's request rate (default true)",
-    "QUOTA_VELOCITY_HALF_LIFE": "seconds in which a key's tracked rate halves (default 10)",
-    "QUOTA_VELOCITY_MAX_KEYS": "keys whose request rate is tracked (default 10000)",
-    "QUOTA_ABUSE_THRESHOLD": "429s to one key within QUOTA_ABUSE_WINDOW that raise an abuse alert (0: off; default 100)",
-    "QUOTA_ABUSE_WINDOW": "seconds over which QUOTA_ABUSE_THRESHOLD counts (default 60)",
-    "QUOTA_ABUSE_INTERVAL": "seconds a key stays quiet after an abuse alert (default 900)",
-}
-"""Every variable `HttpConfig.from_env` reads, with what it sets."""
+from quota.http._routes import Rates, RoutePolicy, compile_paths
 
 #: The other ``QUOTA_*`` variables quota reads: the store's URL, the load shedder's.
 OTHER_VARS = ("QUOTA_DATABASE_URL", "QUOTA_SHED_CEILING", "QUOTA_SHED_RETRY_AFTER")
@@ -134,40 +96,28 @@ def warn_unread(env: Mapping[str, str], routes: Sequence[str]) -> None:
         )  # fmt: skip
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def _bool(name: str, text: str) -> bool:
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigurationError(f"${name} must be true or false, got {text!r}")
-
-
-#: Only ASCII digits: ``str.isdigit`` also takes ``'²'`` (which `int` refuses) and
-#: ``'\u0661\u0660'`` (which `int` and `float` read as 10). Digits are few enough for `int`.
-_WHOLE = re.compile(r"[0-9]{1,19}")
-_DECIMAL = re.compile(r"(?:[0-9]{1,19}(?:\.[0-9]{0,19})?|\.[0-9]{1,19})(?:[eE][+-]?[0-9]{1,3})?")
+    flag = parse_flag(text)
+    if flag is None:
+        raise ConfigurationError(f"${name} must be true or false, got {text!r}")
+    return flag
 
 
 def _int(name: str, text: str, minimum: int = 1, maximum: int = MAX_LIMIT) -> int:
     """``$name``'s whole number in ``minimum..maximum``; `ConfigurationError` naming it otherwise."""
-    value = text.strip()
-    if not _WHOLE.fullmatch(value) or not minimum <= int(value) <= maximum:
+    number = parse_whole(text)
+    if number is None or not minimum <= number <= maximum:
         raise ConfigurationError(
             f"${name} must be a whole number between {minimum} and {maximum}, got {text!r}"
         )
-    return int(value)
+    return number
 
 
 def _float(name: str, text: str, *, minimum: float = 0.0, maximum: float = float(MAX_LIMIT),
            exclusive: bool = False) -> float:  # fmt: skip
     """``$name``'s decimal number in ``minimum..maximum`` (above `minimum` when `exclusive`)."""
-    value = text.strip()
-    number = float(value) if _DECIMAL.fullmatch(value) else math.nan
+    parsed = parse_decimal(text)
+    number = math.nan if parsed is None else parsed
     low_ok = number > minimum if exclusive else number >= minimum
     if not (low_ok and number <= maximum):  # NaN (not a number) fails both
         low = f"above {minimum:g}" if exclusive else f"at least {minimum:g}"
@@ -302,6 +252,216 @@ def _default_from_env(env: Mapping[str, str], default: RoutePolicy | None) -> Ro
     return replace(default, **changes)
 
 
+# -- the variables that set one field each -------------------------------------------
+
+Settings = Mapping[str, Any]
+#: Reads one variable: ``parse(name, text, settings)`` gives the field's new value
+#: (`settings` are those built so far, for a value laid over them) or raises
+#: `ConfigurationError` naming ``$name`` and the text.
+Parser = Callable[[str, str, Settings], Any]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable that sets one field of `HttpConfig`."""
+
+    names: tuple[str, ...]
+    """The variable, then its aliases (the first one set is read)."""
+    field: str
+    """The `HttpConfig` field it sets."""
+    parse: Parser
+    help: str
+    """What it sets, for `ENV_VARS`."""
+
+
+def _flag(name: str, text: str, settings: Settings) -> bool:
+    return _bool(name, text)
+
+
+def _whole(minimum: int = 1, maximum: int = MAX_LIMIT) -> Parser:
+    return lambda name, text, settings: _int(name, text, minimum, maximum)
+
+
+def _decimal(minimum: float = 0.0, maximum: float = float(MAX_LIMIT), *,
+             exclusive: bool = False) -> Parser:  # fmt: skip
+    return lambda name, text, settings: _float(
+        name, text, minimum=minimum, maximum=maximum, exclusive=exclusive
+    )
+
+
+def _choice(options: Sequence[str]) -> Parser:
+    def parse(name: str, text: str, settings: Settings) -> str:
+        if text.strip() not in options:
+            raise ConfigurationError(f"${name} must be one of {', '.join(options)}, got {text!r}")
+        return text.strip()
+
+    return parse
+
+
+def _exclude(name: str, text: str, settings: Settings) -> tuple[str, ...]:
+    patterns = tuple(p.strip() for p in text.split(",") if p.strip())
+    try:
+        compile_paths("exclude", patterns)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"${name}: {exc}") from exc
+    return patterns
+
+
+def _proxies(name: str, text: str, settings: Settings) -> tuple[str, ...]:
+    parse_networks(f"${name}", text)
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _client_ip_header(name: str, text: str, settings: Settings) -> str | dict[str, str] | None:
+    shown = f"${name}"
+    stripped = text.strip()
+    header = check_client_ip_header(shown, _pairs(name, text, "=") if "=" in stripped else stripped)
+    trusted = parse_networks("trusted_proxies", list(settings.get("trusted_proxies", ())))
+    build_proxy_rules(shown, trusted, header)
+    return header
+
+
+def _forwarded_header(name: str, text: str, settings: Settings) -> str:
+    return check_forwarded_header(f"${name}", text)
+
+
+def _secret(name: str, text: str, settings: Settings) -> str:
+    if len(utf8(f"${name}", text)) < 16:
+        raise ConfigurationError(f"${name} must be at least 16 bytes long")
+    return text
+
+
+def _hmac_keys(name: str, text: str, settings: Settings) -> dict[str, str | bytes]:
+    keys = dict(settings.get("hmac_keys", {}))
+    for key_id, secret in _pairs(name, text, ":").items():
+        if len(utf8(f"${name}", secret)) < 16:
+            raise ConfigurationError(
+                f"${name}: the secret of key id {key_id!r} must be at least 16 bytes"
+            )
+        keys[key_id] = secret
+    return keys
+
+
+def _default_hmac_key(name: str, text: str, settings: Settings) -> dict[str, str | bytes]:
+    return {**settings.get("hmac_keys", {}), "default": _secret(name, text, settings)}
+
+
+def _factors(field: str, default: Mapping[str, float]) -> Parser:
+    """Factors ``name=number,…`` laid over the field's value (its default when empty)."""
+
+    def parse(name: str, text: str, settings: Settings) -> dict[str, float]:
+        factors = dict(settings.get(field) or default)
+        for key, value in _pairs(name, text, "=").items():
+            factors[key] = _float(f"{name} ({key})", value, minimum=MIN_FACTOR, maximum=MAX_FACTOR)
+        return factors
+
+    return parse
+
+
+def _key_prefix(name: str, text: str, settings: Settings) -> str:
+    if not NAME.match(text.strip()):
+        raise ConfigurationError(f"${name} must be 1-40 of [A-Za-z0-9_.-], got {text!r}")
+    return text.strip()
+
+
+def _ceiling(name: str, text: str, settings: Settings) -> float | None:
+    if parse_flag(text) is False or text.strip().lower() == "none":
+        return None
+    return _float(name, text, minimum=MIN_FACTOR, maximum=MAX_FACTOR)
+
+
+#: The variables that set one field each, read in this order.
+FIELD_VARS: tuple[EnvVar, ...] = (
+    EnvVar(names=("QUOTA_ENABLED", "RATE_LIMIT_ENABLED"), field="enabled", parse=_flag,
+           help="master switch (true/false); alias RATE_LIMIT_ENABLED"),
+    EnvVar(names=("QUOTA_SHADOW",), field="shadow", parse=_flag,
+           help="shadow mode: decide and report, never block"),
+    EnvVar(names=("QUOTA_MUTATIONS_ONLY",), field="mutations_only", parse=_flag,
+           help="only POST/PUT/PATCH/DELETE count"),
+    EnvVar(names=("QUOTA_ADAPTIVE",), field="adaptive", parse=_flag,
+           help="lower capacity under system pressure"),
+    EnvVar(names=("QUOTA_RUNTIME_POLICIES",), field="runtime_policies", parse=_flag,
+           help="read overrides from the quota_policies table"),
+    EnvVar(names=("QUOTA_PARTITION_KEY",), field="partition_key", parse=_flag,
+           help="add pk (a keyed digest of the caller's bucket) to the IETF fields"),
+    EnvVar(names=("QUOTA_EXCLUDE",), field="exclude", parse=_exclude,
+           help="comma-separated path patterns never limited"),
+    EnvVar(names=("QUOTA_TRUSTED_PROXIES",), field="trusted_proxies", parse=_proxies,
+           help="comma-separated CIDRs whose forwarding headers are believed"),
+    EnvVar(names=("QUOTA_CLIENT_IP_HEADER",), field="client_ip_header", parse=_client_ip_header,
+           help="client-IP header: a name from every trusted proxy, or 'cidr=name,…'"),
+    EnvVar(names=("QUOTA_FORWARDED_HEADER",), field="forwarded_header", parse=_forwarded_header,
+           help="chain header of the trusted proxies: x-forwarded-for or forwarded"),
+    EnvVar(names=("QUOTA_HASH_SECRET", "RATE_LIMIT_SECRET"), field="hash_secret", parse=_secret,
+           help="key of the IP/token hashes (>= 16 bytes); alias RATE_LIMIT_SECRET"),
+    EnvVar(names=("QUOTA_HMAC_KEYS",), field="hmac_keys", parse=_hmac_keys,
+           help="signed callers: 'keyid:secret,keyid2:secret2'; AGENT_HMAC_SECRET adds key id 'default'"),
+    EnvVar(names=("AGENT_HMAC_SECRET",), field="hmac_keys", parse=_default_hmac_key,
+           help="the secret of signed callers' key id 'default' (>= 16 bytes)"),
+    EnvVar(names=("QUOTA_HMAC_WINDOW",), field="hmac_window", parse=_whole(maximum=3600),
+           help="seconds a signature is valid either side of its timestamp"),
+    EnvVar(names=("QUOTA_TIER_MULTIPLIERS",), field="tier_multipliers",
+           parse=_factors("tier_multipliers", DEFAULT_TIER_MULTIPLIERS),
+           help="e.g. 'auth=5,trusted=10'"),
+    EnvVar(names=("QUOTA_PLAN_SCALES",), field="plan_scales",
+           parse=_factors("plan_scales", DEFAULT_PLAN_SCALES),
+           help="e.g. 'enterprise=3,pro=1.5'"),
+    EnvVar(names=("QUOTA_HEADERS",), field="headers", parse=_choice(HEADER_STYLES),
+           help="both, legacy, ietf or none"),
+    EnvVar(names=("QUOTA_PROBLEM_TYPE",), field="problem_type", parse=_choice(PROBLEM_TYPES),
+           help="body of the 429: quota-exceeded (default) or about:blank"),
+    EnvVar(names=("QUOTA_POLICY_CACHE_SECONDS",), field="policy_cache_seconds",
+           parse=_decimal(maximum=3600),
+           help="period of the overrides' refresh; changes apply on every worker at its boundaries"),
+    EnvVar(names=("QUOTA_KEY_PREFIX",), field="key_prefix", parse=_key_prefix,
+           help="first part of every key"),
+    EnvVar(names=("QUOTA_UNVALIDATED_TOKEN_CEILING",), field="unvalidated_token_ceiling",
+           parse=_ceiling,
+           help="per-IP ceiling of unvalidated tokens, x the auth tier's limits ('off': none)"),
+    EnvVar(names=("QUOTA_PRESSURE_HORIZON",), field="pressure_horizon",
+           parse=_decimal(maximum=3600),
+           help="seconds ahead adaptive capacity predicts pressure (0: the moving average alone)"),
+    EnvVar(names=("QUOTA_VELOCITY",), field="velocity", parse=_flag,
+           help="track each key's request rate (default true)"),
+    EnvVar(names=("QUOTA_VELOCITY_HALF_LIFE",), field="velocity_half_life",
+           parse=_decimal(maximum=86400, exclusive=True),
+           help="seconds in which a key's tracked rate halves (default 10)"),
+    EnvVar(names=("QUOTA_VELOCITY_MAX_KEYS",), field="velocity_max_keys",
+           parse=_whole(maximum=10_000_000),
+           help="keys whose request rate is tracked (default 10000)"),
+    EnvVar(names=("QUOTA_ABUSE_THRESHOLD",), field="abuse_threshold",
+           parse=_whole(minimum=0, maximum=2**62),
+           help="429s to one key within QUOTA_ABUSE_WINDOW that raise an abuse alert (0: off; default 100)"),
+    EnvVar(names=("QUOTA_ABUSE_WINDOW",), field="abuse_window", parse=_whole(maximum=MAX_WINDOW),
+           help="seconds over which QUOTA_ABUSE_THRESHOLD counts (default 60)"),
+    EnvVar(names=("QUOTA_ABUSE_INTERVAL",), field="abuse_interval",
+           parse=_whole(maximum=MAX_WINDOW),
+           help="seconds a key stays quiet after an abuse alert (default 900)"),
+)  # fmt: skip
+
+#: The variables of the route classes (`RoutePolicy` fields), read by the class
+#: they name: their parsing depends on its algorithm and on each other.
+ROUTE_VARS: Mapping[str, str] = {
+    "QUOTA_RATES": "rates of the default route class, e.g. '100/minute;1000/day'",
+    "QUOTA_AUTHED_RATES": "rates of the default class for the auth tier",
+    "QUOTA_ALGORITHM": "algorithm of the default class",
+    "QUOTA_FAIL_OPEN": "default class: let requests through when the limiter fails",
+    "QUOTA_POLICY_<NAME>_RATES": "rates of route class NAME (also _AUTHED_RATES, _COST, _FAIL_OPEN)",
+    "RATE_LIMIT_<NAME>_PER_MIN": "anon limit of class NAME per RATE_LIMIT_WINDOW_SEC (default 60)",
+    "RATE_LIMIT_<NAME>_AUTHED_PER_MIN": "auth-tier limit of class NAME per window",
+    "RATE_LIMIT_WINDOW_SEC": "window of the RATE_LIMIT_*_PER_MIN limits",
+    "RATE_LIMIT_CAPACITY": "default class as a token bucket of this capacity (alias RATE_LIMIT_MAX_REQUESTS)",
+    "RATE_LIMIT_WINDOW_MS": "window of RATE_LIMIT_CAPACITY in ms (default 60000)",
+    "RATE_LIMIT_REFILL_PER_SEC": "refill of RATE_LIMIT_CAPACITY (default capacity per window)",
+}
+
+ENV_VARS: Mapping[str, str] = {
+    **{var.names[0]: var.help for var in FIELD_VARS},
+    **ROUTE_VARS,
+}
+"""Every variable `HttpConfig.from_env` reads, with what it sets."""
+
+
 def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, Any]:
     """`settings` with the environment's values laid over them; see `ENV_VARS`.
 
@@ -309,110 +469,9 @@ def apply_env(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, 
     `ConfigurationError` naming it and its value.
     """
     out = dict(settings)
-    booleans = {
-        "enabled": ("QUOTA_ENABLED", "RATE_LIMIT_ENABLED"),
-        "shadow": ("QUOTA_SHADOW",),
-        "mutations_only": ("QUOTA_MUTATIONS_ONLY",),
-        "adaptive": ("QUOTA_ADAPTIVE",),
-        "runtime_policies": ("QUOTA_RUNTIME_POLICIES",),
-        "partition_key": ("QUOTA_PARTITION_KEY",),
-    }
-    for setting, names in booleans.items():
-        if found := _get(env, *names):
-            out[setting] = _bool(*found)
-    if found := _get(env, "QUOTA_EXCLUDE"):
-        out["exclude"] = tuple(p.strip() for p in found[1].split(",") if p.strip())
-        try:
-            compile_paths("exclude", out["exclude"])
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"${found[0]}: {exc}") from exc
-    if found := _get(env, "QUOTA_TRUSTED_PROXIES"):
-        parse_networks(f"${found[0]}", found[1])
-        out["trusted_proxies"] = tuple(p.strip() for p in found[1].split(",") if p.strip())
-    if found := _get(env, "QUOTA_CLIENT_IP_HEADER"):
-        name = f"${found[0]}"
-        text = found[1].strip()
-        header = check_client_ip_header(name, _pairs(*found, "=") if "=" in text else text)
-        trusted = parse_networks("trusted_proxies", list(out.get("trusted_proxies", ())))
-        build_proxy_rules(name, trusted, header)
-        out["client_ip_header"] = header
-    if found := _get(env, "QUOTA_FORWARDED_HEADER"):
-        out["forwarded_header"] = check_forwarded_header(f"${found[0]}", found[1])
-    if found := _get(env, "QUOTA_HASH_SECRET", "RATE_LIMIT_SECRET"):
-        if len(_utf8(f"${found[0]}", found[1])) < 16:
-            raise ConfigurationError(f"${found[0]} must be at least 16 bytes long")
-        out["hash_secret"] = found[1]
-    keys = dict(out.get("hmac_keys", {}))
-    if found := _get(env, "QUOTA_HMAC_KEYS"):
-        for key_id, secret in _pairs(found[0], found[1], ":").items():
-            if len(_utf8(f"${found[0]}", secret)) < 16:
-                raise ConfigurationError(
-                    f"${found[0]}: the secret of key id {key_id!r} must be at least 16 bytes"
-                )
-            keys[key_id] = secret
-    if found := _get(env, "AGENT_HMAC_SECRET"):
-        if len(_utf8(f"${found[0]}", found[1])) < 16:
-            raise ConfigurationError(f"${found[0]} must be at least 16 bytes long")
-        keys["default"] = found[1]
-    if keys:
-        out["hmac_keys"] = keys
-    if found := _get(env, "QUOTA_HMAC_WINDOW"):
-        out["hmac_window"] = _int(*found, maximum=3600)
-    for setting, name in (("tier_multipliers", "QUOTA_TIER_MULTIPLIERS"),
-                          ("plan_scales", "QUOTA_PLAN_SCALES")):  # fmt: skip
-        if found := _get(env, name):
-            base = dict(
-                out.get(setting)
-                or (
-                    DEFAULT_TIER_MULTIPLIERS
-                    if setting == "tier_multipliers"
-                    else DEFAULT_PLAN_SCALES
-                )
-            )
-            for key, value in _pairs(found[0], found[1], "=").items():
-                base[key] = _float(
-                    f"{found[0]} ({key})", value, minimum=MIN_FACTOR, maximum=MAX_FACTOR
-                )
-            out[setting] = base
-    if found := _get(env, "QUOTA_HEADERS"):
-        if found[1].strip() not in HEADER_STYLES:
-            raise ConfigurationError(
-                f"${found[0]} must be one of {', '.join(HEADER_STYLES)}, got {found[1]!r}"
-            )
-        out["headers"] = found[1].strip()
-    if found := _get(env, "QUOTA_PROBLEM_TYPE"):
-        if found[1].strip() not in PROBLEM_TYPES:
-            raise ConfigurationError(
-                f"${found[0]} must be one of {', '.join(PROBLEM_TYPES)}, got {found[1]!r}"
-            )
-        out["problem_type"] = found[1].strip()
-    if found := _get(env, "QUOTA_POLICY_CACHE_SECONDS"):
-        out["policy_cache_seconds"] = _float(*found, maximum=3600)
-    if found := _get(env, "QUOTA_KEY_PREFIX"):
-        if not _NAME.match(found[1].strip()):
-            raise ConfigurationError(
-                f"${found[0]} must be 1-40 of [A-Za-z0-9_.-], got {found[1]!r}"
-            )
-        out["key_prefix"] = found[1].strip()
-    if found := _get(env, "QUOTA_UNVALIDATED_TOKEN_CEILING"):
-        off = found[1].strip().lower() in _FALSE | {"none"}
-        out["unvalidated_token_ceiling"] = (
-            None if off else _float(*found, minimum=MIN_FACTOR, maximum=MAX_FACTOR)
-        )
-    if found := _get(env, "QUOTA_PRESSURE_HORIZON"):
-        out["pressure_horizon"] = _float(*found, maximum=3600)
-    if found := _get(env, "QUOTA_VELOCITY"):
-        out["velocity"] = _bool(*found)
-    if found := _get(env, "QUOTA_VELOCITY_HALF_LIFE"):
-        out["velocity_half_life"] = _float(*found, maximum=86400, exclusive=True)
-    if found := _get(env, "QUOTA_VELOCITY_MAX_KEYS"):
-        out["velocity_max_keys"] = _int(*found, maximum=10_000_000)
-    if found := _get(env, "QUOTA_ABUSE_THRESHOLD"):
-        out["abuse_threshold"] = _int(*found, minimum=0, maximum=2**62)
-    for setting, name in (("abuse_window", "QUOTA_ABUSE_WINDOW"),
-                          ("abuse_interval", "QUOTA_ABUSE_INTERVAL")):  # fmt: skip
-        if found := _get(env, name):
-            out[setting] = _int(*found, maximum=MAX_WINDOW)
+    for var in FIELD_VARS:
+        if found := _get(env, *var.names):
+            out[var.field] = var.parse(*found, out)
     policies = out.get("policies", ())
     for policy in policies:
         if not isinstance(policy, RoutePolicy):

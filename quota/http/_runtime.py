@@ -91,7 +91,6 @@ import difflib
 import ipaddress
 import logging
 import math
-import re
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -99,6 +98,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from quota._core.algorithms import ALGORITHMS, Rate
 from quota._core.errors import ConfigurationError, SchemaError, StorageError
+from quota._core.parsing import parse_decimal, parse_whole
 from quota._core.rates import parse_rates
 from quota._sql.statements import Statement
 from quota._stores.base import Op, Step
@@ -553,8 +553,6 @@ class RuntimePolicies:
 
 #: The abuse detector's threshold standing for "no alerts" (its own floor is 1).
 _NO_ALERTS = 2**62
-_DECIMAL = re.compile(r"(?:[0-9]{1,15}(?:\.[0-9]{0,15})?|\.[0-9]{1,15})(?:[eE][+-]?[0-9]{1,3})?")
-_WHOLE = re.compile(r"[0-9]{1,19}")
 
 
 def _tier(name: str) -> str:
@@ -582,16 +580,16 @@ def parse_setting(name: str, value: object) -> float | int:
     """
     if name == ABUSE_THRESHOLD:
         number = value
-        if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
-            number = int(value.strip())
+        if isinstance(value, str) and (whole := parse_whole(value)) is not None:
+            number = whole
         if type(number) is not int or not 0 <= number <= 2**62:
             raise ConfigurationError(
                 f"abuse_threshold must be a whole number 0..2**62 (0: off), got {value!r}"
             )
         return number
     tier = _tier(name)
-    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
-        value = float(value.strip())
+    if isinstance(value, str) and (decimal := parse_decimal(value)) is not None:
+        value = decimal
     return check_factors("tier_multipliers", {tier: value})[tier]
 
 

@@ -24,7 +24,6 @@ import functools
 import inspect
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from quota._core.decision import check_int
 from quota._core.errors import ConfigurationError, Overloaded
+from quota._core.parsing import parse_whole
 
 if TYPE_CHECKING:
     from quota._wrappers.metrics import Metrics
@@ -284,12 +284,12 @@ def _env_int(env: Mapping[str, str], name: str, maximum: int) -> int | None:
     raw = env.get(name)
     if raw is None or not raw.strip():
         return None
-    text = raw.strip()
-    if not re.fullmatch(r"[0-9]{1,10}", text) or not 1 <= int(text) <= maximum:
+    number = parse_whole(raw)
+    if number is None or not 1 <= number <= maximum:
         raise ConfigurationError(
             f"{name} must be a whole number between 1 and {maximum}, got {raw!r}"
         )
-    return int(text)
+    return number
 
 
 # -- ASGI ------------------------------------------------------------------------------
