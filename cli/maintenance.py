@@ -17,7 +17,6 @@ from typing import Any
 import click
 
 import quota
-from quota._sql import ops as _ops
 
 from .main import (
     EXIT_INTERRUPTED,
@@ -147,17 +146,6 @@ class _Sweep:
         return done
 
 
-def _cleanup(
-    limiter: quota.Limiter, *, grace: int, batch_size: int, dry_run: bool, progress: _Sweep
-) -> _ops.CleanupResult:
-    """`Limiter.cleanup`, reporting each committed batch to `progress`."""
-    op = _ops.cleanup(
-        limiter.store.dialect, limiter._clock(), grace=grace, batch_size=batch_size,
-        dry_run=dry_run, progress=progress,
-    )  # fmt: skip
-    return limiter.store.run(op, transaction=False)
-
-
 @main.command()
 @url_option
 @click.option(
@@ -207,8 +195,8 @@ def cleanup(
 
     def once(limiter: quota.Limiter) -> None:
         sweep.start()
-        result = _cleanup(
-            limiter, grace=grace, batch_size=batch_size, dry_run=dry_run, progress=sweep
+        result = limiter.cleanup(
+            grace=grace, batch_size=batch_size, dry_run=dry_run, progress=sweep
         )
         if result.skipped:
             text = "another cleanup is running; skipped"

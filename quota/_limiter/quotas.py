@@ -80,16 +80,8 @@ from quota._sql.ops import CleanupResult
 from quota._sql.statements import Statement
 from quota._stores.base import Op
 
-#: The operations, and the public types re-exported from `quota._limiter.quota_types`
-#: (code that imports them from here keeps working).
+#: The operations (their types live in `quota._limiter.quota_types`).
 __all__ = [
-    "CheckDecision",
-    "LedgerEntry",
-    "QuotaDecision",
-    "QuotaLimit",
-    "QuotaUsage",
-    "RateWindow",
-    "RefundResult",
     "check",
     "cleanup_ledger",
     "consume",

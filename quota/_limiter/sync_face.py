@@ -379,15 +379,20 @@ class Limiter(LimiterBase[SyncStore]):
         grace: int = DEFAULT_GRACE,
         batch_size: int = DEFAULT_BATCH_SIZE,
         dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> CleanupResult:
         """Delete windows that ended more than `grace` seconds ago; see `quota._sql.ops.cleanup`.
 
-        With a fallback, it runs on the database without the fallback's time budget
-        (the store's own timeouts), and raises `StorageError` when the database fails.
+        `progress`, when given, is called with the rows deleted so far after each
+        batch that deleted some (committed by then); whatever it raises stops the
+        sweep there. With a fallback, it runs on the database without the
+        fallback's time budget (the store's own timeouts), and raises `StorageError`
+        when the database fails.
         """
         op = _ops.cleanup(
-            self.store.dialect, self._clock(), grace=grace, batch_size=batch_size, dry_run=dry_run
-        )
+            self.store.dialect, self._clock(), grace=grace, batch_size=batch_size,
+            dry_run=dry_run, progress=progress,
+        )  # fmt: skip
         return self.store.run(op, transaction=False, maintenance=True)
 
     # -- concurrency leases (quota._limiter.leases) --------------------------------------------

@@ -369,6 +369,27 @@ def downgrade(
         command.downgrade(cfg, revision if not sql else f"head:{revision}", sql=sql)
 
 
+def migration_sql(
+    url: str, revisions: str, *, upgrade: bool = True, schema: str | None = None
+) -> str:
+    """The SQL that upgrades (with ``upgrade=False``: downgrades) the quota tables across
+    `revisions` (``from:to``, e.g. ``0001_initial:0002_quotas``) on `url`'s dialect, as
+    ``quota migrate --sql`` writes it.
+
+    Nothing is run and nothing is checked (a downgrade's guard of durable rows
+    included); `schema` is as for `migrate`. Raises `ConfigurationError` for a bad
+    URL or schema.
+    """
+    output = io.StringIO()
+    cfg, _ = _prepare(url, True, output, schema)
+    with _alembic_errors(url):
+        if upgrade:
+            command.upgrade(cfg, revisions, sql=True)
+        else:
+            command.downgrade(cfg, revisions, sql=True)
+    return output.getvalue()
+
+
 def _refuse_to_drop_data(
     target: str | sa.Connection | None, revision: str, schema: str | None
 ) -> None:

@@ -63,11 +63,6 @@ class Statement(str):
         return (Statement, (self.name, self.sql, self.names))
 
 
-#: The old name of a statement with ``:name`` parameters (`quota._core.algorithms` still
-#: spells it); every statement is a `Statement` now.
-Named = Statement
-
-
 def as_statement(statement: str) -> Statement:
     """`statement`, or plain SQL text as an anonymous statement (name ``sql``) of ``?`` params.
 

@@ -436,8 +436,7 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
         client = self.client
         groups: dict[str, tuple[Any, list[Any]]] = {}
         for index, (name, args) in enumerate(commands):
-            slot = await client._determine_slot(name, *args)
-            node = client.nodes_manager.get_node_from_slot(slot)
+            node = client.nodes_manager.get_node_from_slot(_script_slot(client, name, args))
             groups.setdefault(node.name, (node, []))[1].append(PipelineCommand(index, name, *args))
         replies: list[Any] = [None] * len(commands)
 
@@ -451,6 +450,9 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
                     # As the client does for a command: learn the cluster again before
                     # the next call (a failover may have moved the node's slots).
                     await node.disconnect_free_connections()
+                    # redis-py (checked against 7.4.1) has no public way to ask a client to
+                    # discover the cluster again at its next `initialize()`: its own
+                    # execute_command sets this flag after a connection error.
                     client._initialize = True
             for command in batch:
                 replies[command.position] = command.result
@@ -471,12 +473,31 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
         await self.client.aclose()
         # Nodes a rediscovery dropped are closed by tasks of their own (their idle
         # connections only): let those finish, then close what they left.
+        # redis-py (checked against 7.4.1) keeps those tasks only in this private set, and
+        # offers no public way to wait for them; versions without it have none to wait for.
         pending = list(getattr(manager, "_background_tasks", ()))
         await asyncio.gather(*pending, return_exceptions=True)
         noted = _DROPPED.pop(id(manager), {})
         for nodes in manager.slots_cache.values():
             noted.update((id(node), node) for node in nodes)
         await asyncio.gather(*(n.disconnect() for n in noted.values()), return_exceptions=True)
+
+
+def _script_slot(client: Any, name: str, args: tuple[Any, ...]) -> int:
+    """The slot of a pipelined ``EVALSHA sha numkeys key …`` (the only command pipelined):
+    its keys' slot, from redis.asyncio's public ``keyslot``.
+
+    Raises redis-py's `RedisClusterException` when the keys are in different slots (as
+    redis-py's own routing does) or the command is not a script call with keys.
+    """
+    from redis.exceptions import RedisClusterException
+
+    cross_slot: Any = RedisClusterException  # redis-py leaves it unannotated
+    keys = args[2 : 2 + int(args[1])] if name.upper() in ("EVAL", "EVALSHA") else ()
+    slots = {client.keyslot(key) for key in keys}
+    if len(slots) != 1:
+        raise cross_slot(f"{name}: a pipelined script's keys must share one slot")
+    return int(slots.pop())
 
 
 def _nodes_of(manager: Any) -> dict[int, Any]:
@@ -533,6 +554,8 @@ def _track_dropped_nodes(manager: Any) -> None:
             if remove_old:
                 noted = _DROPPED.setdefault(id(self), {})
                 for key, node in list(noted.items()):  # closed since: forget them
+                    # A node's connections are only in its private list: redis-py (checked
+                    # against 7.4.1) has no public way to ask whether any is still open.
                     if not any(c.is_connected for c in node._connections):
                         del noted[key]
                 for name, node in old.items():

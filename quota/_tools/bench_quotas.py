@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quota._limiter import connect, connect_async
-from quota._limiter.quotas import QuotaLimit, RateWindow
+from quota._limiter.quota_types import QuotaLimit, RateWindow
 from quota._sql import quotas as q
 from quota._sql import statements as _sql
 from quota._stores.sqlite import aset_up, set_up

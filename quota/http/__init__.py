@@ -32,10 +32,6 @@ from quota.http._runtime import (
 )
 from quota.http._signals import PredictivePressure, Velocity
 
-Metrics = HttpMetrics
-"""Alias of `HttpMetrics`, its name before it was renamed apart from the
-Prometheus-backed `quota.Metrics`; kept so code using ``quota.http.Metrics`` keeps working."""
-
 __all__ = [
     "ENV_VARS",
     "EXPOSE_HEADERS",
@@ -44,7 +40,6 @@ __all__ = [
     "HttpMetrics",
     "HttpResponse",
     "Identity",
-    "Metrics",
     "Plans",
     "PolicyRow",
     "PredictivePressure",

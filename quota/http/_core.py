@@ -141,8 +141,7 @@ class HttpMetrics:
     """Counters of what the middleware did, by name and labels; thread-safe.
 
     A middleware's ``.metrics``. Not `quota.Metrics` (the Prometheus-backed
-    counters an ``observer=`` may be); ``quota.http.Metrics`` is an alias of
-    this class, kept so code written against that name keeps working.
+    counters an ``observer=`` may be).
 
     Names: ``ratelimit.hits``, ``ratelimit.blocked``, ``ratelimit.shadow_blocked``
     (route, tier); ``ratelimit.errors`` (route, mode: open/closed);

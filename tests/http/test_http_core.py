@@ -680,9 +680,9 @@ def test_every_entry_point_takes_every_guard_hook_as_a_keyword() -> None:
             assert params[name].default is None, (entry.__name__, name)
 
 
-def test_metrics_is_an_alias_of_http_metrics() -> None:
-    assert quota.http.Metrics is quota.http.HttpMetrics
-    assert quota.http.Metrics is not quota.Metrics
+def test_http_metrics_is_apart_from_the_prometheus_metrics() -> None:
+    assert quota.http.HttpMetrics is not quota.Metrics
+    assert not hasattr(quota.http, "Metrics")
 
 
 def test_importing_quota_and_the_middlewares_imports_no_web_framework() -> None:

@@ -110,6 +110,7 @@ def test_the_wheel_carries_every_layer_and_no_benchmark_code(wheel: Path) -> Non
     for layer in ("_core", "_sql", "_stores", "_wrappers", "_limiter", "_tools"):
         assert f"quota/{layer}/__init__.py" in names, layer
     assert "quota/http/shedding.py" in names
+    assert "quota/_tools/doctor/runner.py" in names
     assert "quota/_stores/lua/common.lua" in names
     # The Django app with its migrations and management commands (found by Django on disk).
     for name in ("migrations/0001_initial.py", "management/commands/quota_cleanup.py"):

@@ -448,7 +448,7 @@ def test_the_metadata_creates_what_the_migrations_create(dialect: str) -> None:
 
 def test_the_table_revisions_are_the_migrations() -> None:
     from quota._sql.schema import TABLE_REVISIONS, TABLES
-    from quota._tools.doctor import migration_ddl
+    from quota._tools.doctor.fixes import migration_ddl
 
     ddl = migration_ddl("sqlite")
     assert set(TABLE_REVISIONS) == set(TABLES)

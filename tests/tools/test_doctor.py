@@ -13,8 +13,16 @@ from click.testing import CliRunner, Result
 import quota
 from quota._cli import main
 from quota._sql.schema import REQUIRED, REVISIONS
-from quota._tools import doctor as _doctor
-from quota._tools.doctor import ERROR, OK, WARN
+from quota._tools.doctor import ERROR, OK, SEVERITIES, WARN
+from quota._tools.doctor.base import Clock
+from quota._tools.doctor.clock import skew_finding
+from quota._tools.doctor.postgres import (
+    fillfactor,
+    fillfactor_finding,
+    hot_finding,
+    persistence_finding,
+)
+from quota._tools.doctor.sqlite import sqlite_version_finding
 
 UNREACHABLE = "postgresql://root:sekrit@127.0.0.1:1/test"
 
@@ -37,7 +45,7 @@ def _doctor_cli(*args: str) -> Result:
 
 def _assert_fixes_are_given(findings: list[quota.Finding]) -> None:
     for finding in findings:
-        assert finding.severity in _doctor.SEVERITIES
+        assert finding.severity in SEVERITIES
         assert bool(finding.fix) == (finding.severity != OK), finding
 
 
@@ -157,7 +165,7 @@ def test_a_file_that_is_not_a_database_is_a_connectivity_error(tmp_path: Path) -
 
 
 def test_clock_skew_is_measured_with_the_app_clock(used_sqlite_url: str) -> None:
-    def ahead(seconds: float) -> _doctor.Clock:
+    def ahead(seconds: float) -> Clock:
         return lambda: time.time() + seconds
 
     assert _one(quota.diagnose(used_sqlite_url), "clock_skew").severity == OK
@@ -319,7 +327,7 @@ def test_the_url_after_the_command_overrides_the_one_before(used_sqlite_url: str
     ],
 )
 def test_skew_thresholds(skew: float, uncertainty: float, severity: str) -> None:
-    assert _doctor.skew_finding(skew, uncertainty).severity == severity
+    assert skew_finding(skew, uncertainty).severity == severity
 
 
 @pytest.mark.parametrize(
@@ -334,7 +342,7 @@ def test_skew_thresholds(skew: float, uncertainty: float, severity: str) -> None
     ],
 )
 def test_hot_update_thresholds(updates: int, hot: int, severity: str) -> None:
-    finding = _doctor.hot_finding("quota_counters", updates, hot)
+    finding = hot_finding("quota_counters", updates, hot)
     assert finding.severity == severity
     assert bool(finding.fix) == (severity != OK)
 
@@ -350,24 +358,24 @@ def test_hot_update_thresholds(updates: int, hot: int, severity: str) -> None:
     ],
 )
 def test_fillfactor_is_read_from_reloptions(options: list[str] | None, value: int) -> None:
-    assert _doctor.fillfactor(options) == value
+    assert fillfactor(options) == value
 
 
 @pytest.mark.parametrize(
     ("value", "severity"), [(50, OK), (70, OK), (90, OK), (91, WARN), (100, WARN)]
 )
 def test_fillfactor_thresholds(value: int, severity: str) -> None:
-    assert _doctor.fillfactor_finding("quota_counters", value).severity == severity
+    assert fillfactor_finding("quota_counters", value).severity == severity
 
 
 def test_an_old_sqlite_library_is_an_error() -> None:
-    assert _doctor.sqlite_version_finding((3, 34, 1), "3.34.1").severity == ERROR
-    assert _doctor.sqlite_version_finding((3, 35, 0), "3.35.0").severity == OK
+    assert sqlite_version_finding((3, 34, 1), "3.34.1").severity == ERROR
+    assert sqlite_version_finding((3, 35, 0), "3.35.0").severity == OK
 
 
 def test_both_persistences_are_ok_and_say_which() -> None:
-    unlogged = _doctor.persistence_finding("quota_counters", "u")
-    logged = _doctor.persistence_finding("quota_counters", "p")
+    unlogged = persistence_finding("quota_counters", "u")
+    logged = persistence_finding("quota_counters", "p")
     assert (unlogged.severity, logged.severity) == (OK, OK)
     assert "UNLOGGED" in unlogged.message
     assert "logged table" in logged.message

@@ -18,8 +18,10 @@ import quota
 from quota._cli import main
 from quota._sql import schema as _schema
 from quota._sql.schema import REVISIONS
-from quota._tools import doctor as _doctor
 from quota._tools.doctor import ERROR, OK, WARN
+from quota._tools.doctor.drift import drift_findings
+from quota._tools.doctor.live_schema import sqlite_index_shape
+from quota._tools.doctor.postgres import Partition, partitioned_findings
 from tests.conftest import SQL_DIALECTS
 
 #: The newest revision of the migrations that ship with the package.
@@ -492,7 +494,7 @@ def test_normalize_sql(text: str, normal: str) -> None:
 
 
 def test_a_sqlite_index_is_read_from_its_create_statement() -> None:
-    shape = _doctor.sqlite_index_shape(
+    shape = sqlite_index_shape(
         "uq",
         "CREATE UNIQUE INDEX uq ON quota_ledger (subject, name, idempotency_key)"
         " WHERE kind = 'consume' AND refunded_at IS NULL",
@@ -501,7 +503,7 @@ def test_a_sqlite_index_is_read_from_its_create_statement() -> None:
     assert shape is not None
     assert shape.keys == ("subject", "name", "idempotency_key")
     assert shape.where == "kind='consume'andrefunded_atisnull"
-    expression = _doctor.sqlite_index_shape(
+    expression = sqlite_index_shape(
         "ix", 'CREATE INDEX "ix" ON "quota_counters" ((window_start + window_seconds))', False
     )
     assert expression is not None
@@ -518,16 +520,14 @@ def test_drift_is_judged_from_the_shapes_alone(dialect: str) -> None:
     ledger = live["quota_ledger"]
     live["quota_ledger"] = replace(ledger, indexes=tuple(i for i in ledger.indexes if not i.unique))
 
-    findings = _doctor.drift_findings(
-        expected, live, dialect=dialect, revision=HEAD, url="sqlite:///x.db"
-    )
+    findings = drift_findings(expected, live, dialect=dialect, revision=HEAD, url="sqlite:///x.db")
 
     assert [(f.check, f.severity) for f in findings] == [("schema_drift", ERROR)]
     assert "CREATE UNIQUE INDEX uq_quota_ledger_idempotency" in findings[0].fix
     assert (
-        _doctor.drift_findings(
-            expected, expected, dialect=dialect, revision=HEAD, url="sqlite:///x.db"
-        )[0].severity
+        drift_findings(expected, expected, dialect=dialect, revision=HEAD, url="sqlite:///x.db")[
+            0
+        ].severity
         == OK
     )
 
@@ -535,27 +535,23 @@ def test_drift_is_judged_from_the_shapes_alone(dialect: str) -> None:
 def test_a_newer_schema_is_not_compared() -> None:
     expected = _schema.expected_schema("sqlite")
     assert (
-        _doctor.drift_findings(
-            expected, {}, dialect="sqlite", revision="9999_future", url="sqlite:///x.db"
-        )
+        drift_findings(expected, {}, dialect="sqlite", revision="9999_future", url="sqlite:///x.db")
         == []
     )
 
 
 def test_partitions_that_disagree_warn() -> None:
-    from quota._tools.doctor import Partition
-
     partitions = [
         Partition("quota_counters_default", True, "u", 70),
         Partition("quota_counters_p0", False, "p", 70, updates=600, hot=600),
         Partition("quota_counters_p3600", False, "u", 70, updates=600, hot=0),
     ]
-    persistence, fill, hot = _doctor.partitioned_findings("quota_counters", partitions)
+    persistence, fill, hot = partitioned_findings("quota_counters", partitions)
     assert persistence.severity == WARN
     assert _statement(persistence.fix) == "ALTER TABLE quota_counters_p0 SET UNLOGGED"
     assert fill.severity == OK
     assert hot.severity == WARN  # 600 HOT of 1,200 updates, summed over the partitions
-    assert _doctor.partitioned_findings("quota_counters", []) == []
+    assert partitioned_findings("quota_counters", []) == []
 
 
 @pytest.mark.postgres

@@ -22,11 +22,9 @@ nothing, and so does one on a store without SQL tables (``redis://``,
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import sqlparse
-from alembic import command
 from django.core.management.base import CommandError
 from django.db.migrations.operations.base import Operation
 
@@ -74,7 +72,9 @@ class QuotaSchema(Operation):  # type: ignore[misc]
             return
         schema = conf.quota_settings().limiter_options().schema
         if schema_editor.collect_sql:
-            sql = _offline(url, schema, f"{self.previous or BASE}:{self.target}", upgrade=True)
+            sql = _migrate.migration_sql(
+                url, f"{self.previous or BASE}:{self.target}", upgrade=True, schema=schema
+            )
             _collect(schema_editor, sql)
             return
         _migrate.migrate(url, revision=self.target, schema=schema)
@@ -91,7 +91,10 @@ class QuotaSchema(Operation):  # type: ignore[misc]
         previous = self.previous or BASE
         if schema_editor.collect_sql:
             _collect(
-                schema_editor, _offline(url, schema, f"{self.target}:{previous}", upgrade=False)
+                schema_editor,
+                _migrate.migration_sql(
+                    url, f"{self.target}:{previous}", upgrade=False, schema=schema
+                ),
             )
             return
         conf.reset()  # close quota's connections before its tables go
@@ -114,18 +117,6 @@ def _url_for(connection: Any) -> str | None:
         return None
     url = conf.database_url()
     return None if parse_url(url).dialect in SCHEMALESS else url
-
-
-def _offline(url: str, schema: str | None, revisions: str, *, upgrade: bool) -> str:
-    """The SQL of `revisions` (``from:to``) for `url`'s dialect, as ``quota migrate --sql``."""
-    output = io.StringIO()
-    cfg, _ = _migrate._prepare(url, True, output, schema)
-    with _migrate._alembic_errors(url):
-        if upgrade:
-            command.upgrade(cfg, revisions, sql=True)
-        else:
-            command.downgrade(cfg, revisions, sql=True)
-    return output.getvalue()
 
 
 def _collect(schema_editor: Any, sql: str) -> None:
