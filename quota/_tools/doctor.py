@@ -33,6 +33,7 @@ from typing import Any
 
 from quota._core.errors import ConfigurationError
 from quota._sql.partitions import DEFAULT_PARTITION
+from quota._sql.policies import ANY, ROUTE_CLASS, unserved_route
 from quota._sql.schema import (
     EPHEMERAL_TABLES,
     REQUIRED,
@@ -47,7 +48,6 @@ from quota._sql.schema import (
 )
 from quota._sql.statements import DB_NOW, SCHEMA_VERSION, VERSION_TABLE
 from quota._stores.url import StoreURL, default_url, parse_url, redact
-from quota.http._runtime import ANY, ROUTE_CLASS, unserved_route
 
 OK = "ok"
 WARN = "warn"

@@ -20,6 +20,8 @@ from typing import Any
 from quota._core.algorithms import Rate, check_algorithm
 from quota._core.decision import MAX_WINDOW
 from quota._core.errors import ConfigurationError
+from quota._core.factors import MAX_FACTOR, MIN_FACTOR
+from quota._core.factors import check_factors as _check_factors
 from quota._core.rates import parse_rates
 from quota.http._identity import (
     ANON,
@@ -47,11 +49,6 @@ DEFAULT_PLAN_SCALES: Mapping[str, float] = {"enterprise": 3.0, "pro": 1.5, "free
 DEFAULT_PRESSURE_FACTORS: Mapping[str, float] = {"staff": 0.85, AUTH: 0.7, ANON: 0.55}
 #: Tiers pressure never lowers.
 DEFAULT_PRESSURE_EXEMPT = frozenset({"admin", TRUSTED})
-#: Bounds of every tier multiplier, plan scale and pressure factor (pressure
-#: factors are at most 1). Within them a request's combined factor stays in
-#: 1e-9..1e6, so a scaled limit is a finite number `scale_rate` can clamp.
-MIN_FACTOR = 0.001
-MAX_FACTOR = 1000.0
 
 Rates = tuple[Rate, ...]
 
@@ -241,24 +238,6 @@ def _utf8(name: str, text: str) -> bytes:
             f"{name} must be text that encodes as UTF-8 (it holds a lone surrogate,"
             " as os.environ makes of bytes that are not UTF-8)"
         ) from None
-
-
-def _check_factors(name: str, value: object, *, maximum: float = MAX_FACTOR) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        raise ConfigurationError(f"{name} must be a mapping of name to number, got {value!r}")
-    out = {}
-    for key, factor in value.items():
-        if (
-            isinstance(factor, bool)
-            or not isinstance(factor, (int, float))
-            or not MIN_FACTOR <= factor <= maximum  # NaN fails this too
-        ):
-            raise ConfigurationError(
-                f"{name}[{key!r}] must be a number between {MIN_FACTOR:g} and {maximum:g},"
-                f" got {factor!r}"
-            )
-        out[str(key)] = float(factor)
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)
