@@ -174,7 +174,12 @@ def test_usage_and_ledger(admin: Calls, backend: Backend) -> None:
 
 
 def test_health_of_a_store_without_a_fallback(admin: Calls, backend: Backend) -> None:
-    assert admin.health() == Health(dialect=backend.dialect, up=True, fallback=False)
+    found = admin.health()
+    assert found.latency is not None and found.latency > 0
+    assert found == Health(
+        dialect=backend.dialect, up=True, fallback=False, reachable=True, latency=found.latency
+    )
+    assert admin.health(probe=False) == Health(dialect=backend.dialect, up=True, fallback=False)
 
 
 def test_health_under_a_fallback(backend: Backend) -> None:
@@ -183,6 +188,18 @@ def test_health_under_a_fallback(backend: Backend) -> None:
     found = _value(backend, admin.health())
     assert isinstance(found, Health)
     assert (found.fallback, found.up, found.owed, found.down_for) == (True, True, 0, None)
+    assert found.reachable is True
+
+
+def test_health_of_a_store_that_is_down() -> None:
+    fallback = quota.Fallback(timeout=0.5, probe_interval=60)
+    with quota.connect("postgresql://root@127.0.0.1:1/quota", fallback=fallback) as limiter:
+        limiter.rate_limit("k", 10, 60)  # decided from memory: the store is down
+        found = Admin(limiter).health()
+    assert (found.fallback, found.up, found.reachable, found.latency) == (True, False, False, None)
+    assert found.owed == 1, "the hit memory counted"
+    assert found.down_for is not None and found.down_for >= 0
+    assert found.last_error is not None and found.probe_error is not None
 
 
 def test_the_admin_of_the_other_face_is_refused(backend: Backend) -> None:
@@ -200,7 +217,7 @@ def test_a_store_without_tables_has_no_policies(url: str) -> None:
         with pytest.raises(quota.ConfigurationError, match="keeps no quota_settings"):
             admin.set_abuse_threshold(3)
         assert admin.top() == []
-        assert admin.health().fallback is False
+        assert admin.health().reachable is True
 
 
 def test_callers_are_named_as_the_middleware_names_them() -> None:

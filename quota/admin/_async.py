@@ -6,8 +6,11 @@ unasyncd (``[tool.unasyncd]`` in pyproject.toml: run ``unasyncd`` after an edit)
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 from quota._core.decision import Decision, Duration, check_int
-from quota._core.errors import ConfigurationError
+from quota._core.errors import ConfigurationError, QuotaError, SchemaError
 from quota._core.leases import ConcurrencyUsage
 from quota._limiter import AsyncLimiter
 from quota._limiter.quota_types import LedgerEntry, QuotaUsage
@@ -23,7 +26,7 @@ from quota._sql.policies import (
     PolicyRow,
     SettingRow,
 )
-from quota.admin._common import Health, check_name, check_tables, health
+from quota.admin._common import Health, check_name, check_tables, health, probe_op
 
 #: The most rows `top` and `top_leases` return.
 MAX_TOP = 100_000
@@ -205,6 +208,25 @@ class AsyncAdmin:
 
     # -- health --------------------------------------------------------------------------------
 
-    async def health(self) -> Health:
-        """The store's state: up or down, and with a fallback what is owed to it (never raises)."""
-        return health(self.limiter.store)
+    async def health(self, *, probe: bool = True) -> Health:
+        """The store's state: up or down, and with a fallback what is owed to it.
+
+        With `probe`, one cheap statement (the schema version read; ``PING`` on
+        Redis) runs on the store, never answered from memory nor held to a
+        fallback's time budget, and is timed:
+        `Health.reachable`, `Health.latency`. A store that fails the probe is
+        reported (`Health.probe_error`), not raised; a missing schema counts as
+        reachable.
+        """
+        found = health(self.limiter.store)
+        if not probe:
+            return found
+        started = time.perf_counter()
+        try:
+            await self.limiter.run(probe_op())
+        except QuotaError as exc:
+            return replace(
+                found, reachable=isinstance(exc, SchemaError),
+                probe_error=f"{type(exc).__name__}: {exc}",
+            )  # fmt: skip
+        return replace(found, reachable=True, latency=time.perf_counter() - started)

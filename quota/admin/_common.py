@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from quota._core.errors import ConfigurationError
+from quota._sql.statements import SCHEMA_VERSION
+from quota._stores.base import Op, Rows
 from quota._stores.url import SCHEMALESS
 from quota._wrappers.fallback import AsyncResilientStore, ResilientStore
 from quota.http._env import apply_env
@@ -36,6 +38,12 @@ class Health:
     """Owed windows dropped since start to keep within ``Fallback.max_keys``."""
     last_error: str | None = None
     """The last error the fallback saw from the store (type and message); None if none."""
+    reachable: bool | None = None
+    """Whether the probe's statement was answered by the store; None: not probed."""
+    latency: float | None = None
+    """Seconds the probe's statement took; None when not probed or it failed."""
+    probe_error: str | None = None
+    """Why the probe failed (type and message); None if it did not."""
 
 
 def health(store: object) -> Health:
@@ -53,6 +61,12 @@ def health(store: object) -> Health:
         owed=state.owed, dropped=state.dropped,
         last_error=None if error is None else f"{type(error).__name__}: {error}",
     )  # fmt: skip
+
+
+def probe_op() -> Op[Rows]:
+    """The health probe: one cheap statement every store answers (the schema version read)."""
+    rows = yield SCHEMA_VERSION, ()
+    return rows
 
 
 def _resilient(store: object) -> ResilientStore | AsyncResilientStore | None:
