@@ -1,7 +1,10 @@
+# quota/admin/_sync.py is generated from quota/admin/_async.py by unasyncd
+# ([tool.unasyncd] in pyproject.toml): edit the async file, then run `unasyncd`.
 """`AsyncAdmin`: the admin API over a `quota.AsyncLimiter`.
 
-Written once here; ``quota/admin/_sync.py`` (`Admin`) is generated from it by
-unasyncd (``[tool.unasyncd]`` in pyproject.toml: run ``unasyncd`` after an edit).
+Each call is a thin step over the limiter: the SQL of the runtime policy
+tables is in `quota._sql.policies`, what both faces share in
+`quota.admin._common`.
 """
 
 from __future__ import annotations
