@@ -1,8 +1,8 @@
 """``quota policy``: edit the runtime overrides and settings of the HTTP layer.
 
-``list/set/delete`` are a thin layer over `quota.http.list_policies`,
+``list/set/delete`` are a thin layer over `quota.admin.Admin.policies`,
 `set_policy` and `delete_policy`; ``multiplier``, ``abuse-threshold``,
-``settings`` and ``unset`` over `set_setting`, `list_settings` and
+``settings`` and ``unset`` over `Admin.set_setting`, `settings` and
 `delete_setting` (the tier multipliers and the abuse alert threshold, in
 ``quota_settings``). Every middleware applies a change at the first boundary of
 its cache period (5 s by default) at least one second after it was written,
@@ -25,28 +25,17 @@ from dataclasses import asdict
 import click
 
 import quota
+from quota._sql.policies import SETTINGS_TABLE, TABLE
 from quota._stores.url import SCHEMALESS
-from quota.http import (
-    PolicyRow,
-    delete_policy,
-    delete_setting,
-    hashed_subject,
-    list_policies,
-    list_settings,
-    set_policy,
-    set_setting,
-)
-from quota.http._runtime import (
+from quota.admin import (
     ABUSE_THRESHOLD,
-    ANY,
-    SETTINGS_TABLE,
-    TABLE,
     TIER_MULTIPLIER,
+    Admin,
+    PolicyRow,
     hash_secret_from_env,
     ip_subject,
     parse_setting,
-    served_routes,
-    unserved_route,
+    token_subject,
 )
 
 from .main import EXIT_DENIED, POSITIVE, _errors, _json_option, _limiter, main, url_option
@@ -90,7 +79,7 @@ def _subject(
         except quota.ConfigurationError as exc:
             raise click.BadParameter(str(exc), param_hint="'--ip'") from None
     assert token is not None
-    return hashed_subject("tok", token, key)
+    return token_subject(token, key)
 
 
 _subject_options = [
@@ -117,8 +106,8 @@ def _with_subject_options(func: click.decorators.FC) -> click.decorators.FC:
 
 
 @contextmanager
-def _table(ctx: click.Context, table: str = TABLE) -> Iterator[quota.Limiter]:
-    """The limiter of ``--url``, on a store that keeps `table` (exit 2 on one that cannot)."""
+def _table(ctx: click.Context, table: str = TABLE) -> Iterator[Admin]:
+    """The admin of ``--url``'s limiter, on a store that keeps `table` (exit 2 on one that cannot)."""
     with _errors(), _limiter(ctx) as limiter:
         dialect = limiter.store.dialect
         if dialect in SCHEMALESS:
@@ -126,7 +115,7 @@ def _table(ctx: click.Context, table: str = TABLE) -> Iterator[quota.Limiter]:
                 f"the {dialect} store keeps no {table} table: runtime policies need a database"
                 " (sqlite:// or postgresql://), and the app's middleware has none on this store"
             )
-        yield limiter
+        yield Admin(limiter)
 
 
 @main.group()
@@ -141,8 +130,8 @@ def policy() -> None:
 @click.pass_context
 def list_command(ctx: click.Context, as_json: bool) -> None:
     """Every override, by route class and subject."""
-    with _table(ctx) as limiter:
-        rows = list_policies(limiter)
+    with _table(ctx) as admin:
+        rows = admin.policies()
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], indent=2, sort_keys=True))
         return
@@ -199,14 +188,13 @@ def set_command(
     with _errors():
         row = PolicyRow(route=route, subject=who, rates=rates, algorithm=algorithm, cost=cost,
                         fail_open=fail_open, exempt=exempt, note=note)  # fmt: skip
-    with _table(ctx) as limiter:
-        stored = set_policy(limiter, row)
-        served = served_routes(limiter) if route != ANY else []
+    with _table(ctx) as admin:
+        stored = admin.set_policy(row)
+        warning = admin.unserved_route(route)
     if as_json:
         click.echo(json.dumps(asdict(stored), indent=2, sort_keys=True))
     else:
         click.echo(f"set {route} for {who}")
-    warning = unserved_route(route, served)
     if warning is not None:
         click.echo(f"warning: {warning}", err=True)
 
@@ -227,8 +215,8 @@ def delete_command(
     boundary of its cache period.
     """
     who = _subject(subject, ip, token, tier, ipv6_prefix)
-    with _table(ctx) as limiter:
-        found = delete_policy(limiter, route, who)
+    with _table(ctx) as admin:
+        found = admin.delete_policy(route, who)
     if as_json:
         click.echo(json.dumps({"route": route, "subject": who, "deleted": found}, sort_keys=True))
     if not found:
@@ -247,8 +235,8 @@ def _set(ctx: click.Context, name: str, value: str, param: str, note: str | None
         parse_setting(name, value)
     except quota.ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint=param) from None
-    with _table(ctx, SETTINGS_TABLE) as limiter:
-        stored = set_setting(limiter, name, value, note=note)
+    with _table(ctx, SETTINGS_TABLE) as admin:
+        stored = admin.set_setting(name, value, note=note)
     if as_json:
         click.echo(json.dumps(asdict(stored), indent=2, sort_keys=True))
     else:
@@ -303,8 +291,8 @@ def abuse_threshold_command(ctx: click.Context, n: str, note: str | None, as_jso
 @click.pass_context
 def settings_command(ctx: click.Context, as_json: bool) -> None:
     """Every setting (tier multipliers, abuse threshold), by name."""
-    with _table(ctx, SETTINGS_TABLE) as limiter:
-        rows = list_settings(limiter)
+    with _table(ctx, SETTINGS_TABLE) as admin:
+        rows = admin.settings()
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], indent=2, sort_keys=True))
         return
@@ -334,8 +322,8 @@ def unset_command(ctx: click.Context, name: str, as_json: bool) -> None:
     abuse_threshold. Like a change, it applies on every app worker at the
     same boundary of its cache period.
     """
-    with _table(ctx, SETTINGS_TABLE) as limiter:
-        found = delete_setting(limiter, name)
+    with _table(ctx, SETTINGS_TABLE) as admin:
+        found = admin.delete_setting(name)
     if as_json:
         click.echo(json.dumps({"name": name, "deleted": found}, sort_keys=True))
     if not found:

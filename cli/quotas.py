@@ -1,7 +1,7 @@
 """``quota usage``, ``grant``, ``refund`` and ``ledger``: durable quotas from the shell.
 
-A thin layer over `Limiter.quota_usage`, `grant_quota`, `refund_quota` and
-`ledger`. Exit codes as for every command (see `cli.main`): 0 done (a refund
+A thin layer over `quota.admin.Admin.usage` and `ledger` and over
+`Limiter.grant_quota` and `refund_quota`. Exit codes as for every command (see `cli.main`): 0 done (a refund
 that found nothing to give back is done too, and says so), 2 bad option,
 argument or URL, 3 database or schema error.
 """
@@ -20,6 +20,7 @@ import click
 import quota
 from quota._core.decision import parse_duration
 from quota._core.periods import CALENDAR
+from quota.admin import Admin
 
 from .main import (
     WHOLE,
@@ -92,7 +93,7 @@ def usage(ctx: click.Context, subject: str, include_ended: bool, as_json: bool) 
     consumption; '-' when the period only saw grants).
     """
     with _errors(), _limiter(ctx) as limiter:
-        rows = limiter.quota_usage(subject, include_ended=include_ended)
+        rows = Admin(limiter).usage(subject, include_ended=include_ended)
     header = (
         f"{'NAME':<20} {'PERIOD':<20} {'USED':>10} {'LIMIT':>10} {'GRANTED':>8}"
         f" {'REMAINING':>10}  {'RESETS IN':>9}  RESETS AT (UTC)"
@@ -193,7 +194,7 @@ def ledger(
     if as_json and as_csv:
         raise click.UsageError("give --json or --csv, not both")
     with _errors(), _limiter(ctx) as limiter:
-        entries = limiter.ledger(subject, since)
+        entries = Admin(limiter).ledger(subject, since)
     rows: list[dict[str, Any]] = [{"time": _iso(e.at), **asdict(e)} for e in entries]
     if as_csv:
         out = io.StringIO()

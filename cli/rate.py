@@ -14,7 +14,7 @@ from dataclasses import asdict
 import click
 
 import quota
-from quota._sql import ops
+from quota.admin import Admin
 
 from .main import (
     EXIT_DENIED,
@@ -120,14 +120,14 @@ def peek(
         return
     if limit is not None and window is not None:
         with _errors(), _limiter(ctx) as limiter:
-            decision = limiter.peek(key, limit, window)
+            decision = Admin(limiter).peek(key, limit, window)
         _decision_out(decision, as_json)
         return
     if limit is not None or window is not None:
         raise click.UsageError("give --limit and --window together, or neither")
     now = time.time()
     with _errors(), _limiter(ctx) as limiter:
-        rows = limiter.run(ops.windows(key, now))
+        rows = Admin(limiter).windows(key)
     lines = [
         f"{shown_key(key)}: {u.count} hit(s) in a {human_duration(u.window)} window,"
         f" resets {when(u.reset_at, now)}"
@@ -138,7 +138,7 @@ def peek(
 
 def _leases_out(ctx: click.Context, key: str, limit: int | None, as_json: bool) -> None:
     with _errors(), _limiter(ctx) as limiter:
-        usage = limiter.concurrency_usage(key, limit)
+        usage = Admin(limiter).leases(key, limit)
     now = time.time()
     free = "?" if usage.free is None else str(usage.free)
     lines = [
@@ -161,7 +161,7 @@ def _leases_out(ctx: click.Context, key: str, limit: int | None, as_json: bool) 
 def reset(ctx: click.Context, key: str, window: int | None, as_json: bool) -> None:
     """Forget KEY's counts, so its next hit starts a fresh window."""
     with _errors(), _limiter(ctx) as limiter:
-        deleted = limiter.reset(key, window)
+        deleted = Admin(limiter).reset(key, window)
     data = {"key": key, "window": window, "deleted": deleted}
     _emit(data, as_json, f"reset {shown_key(key)}: {deleted} row(s) deleted")
 
@@ -180,7 +180,7 @@ def top(ctx: click.Context, count: int, leases: bool, as_json: bool) -> None:
     now = time.time()
     if leases:
         with _errors(), _limiter(ctx) as limiter:
-            usages = limiter.concurrency_top(count)
+            usages = Admin(limiter).top_leases(count)
         text = "\n".join(
             [f"{'HELD':>6}  {'LIMIT':>6}  {'FREE':>6}  {'NEXT EXPIRY':>11}  KEY"]
             + [
@@ -192,7 +192,7 @@ def top(ctx: click.Context, count: int, leases: bool, as_json: bool) -> None:
         _emit([asdict(u) for u in usages], as_json, text)
         return
     with _errors(), _limiter(ctx) as limiter:
-        rows = limiter.top(count)
+        rows = Admin(limiter).top(count)
     text = "\n".join(
         [f"{'COUNT':>8}  {'WINDOW':>7}  {'RESETS IN':>9}  {'RESETS AT (UTC)':<20}  KEY"]
         + [

@@ -162,7 +162,7 @@ quota_ledger = sa.Table(
     sa.Index("ix_quota_ledger_at", "at"),
 )
 
-#: Runtime policy overrides of the HTTP layer (revision 0004_policies); see quota.http._runtime.
+#: Runtime policy overrides of the HTTP layer (revision 0004_policies); see quota._sql.policies.
 quota_policies = sa.Table(
     "quota_policies",
     metadata,
@@ -180,7 +180,7 @@ quota_policies = sa.Table(
 )
 
 #: Runtime settings of the HTTP layer (revision 0005_settings): tier multipliers and the
-#: abuse threshold; a NULL value is a deletion. See quota.http._runtime.
+#: abuse threshold; a NULL value is a deletion. See quota._sql.policies.
 quota_settings = sa.Table(
     "quota_settings",
     metadata,

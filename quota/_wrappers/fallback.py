@@ -134,6 +134,12 @@ class _Health:
         self._failed_statements = 0
         self._next_statement_log = 0.0
 
+    @property
+    def owed(self) -> int:
+        """Windows owed to the database: counted in memory and not yet written back."""
+        with self._lock:
+            return len(self._owed) + self._writing
+
     def mark_down(self, exc: BaseException) -> bool:
         """Record a failure; True if this call flipped the state (start a probe)."""
         with self._lock:

@@ -20,6 +20,7 @@ from typing import Any
 
 from quota._core.decision import MAX_WINDOW
 from quota._core.errors import ConfigurationError
+from quota._core.factors import MAX_FACTOR, MIN_FACTOR, check_factors
 from quota.http._env import apply_env, warn_unread
 from quota.http._fields import (
     DEFAULT_PLAN_SCALES,
@@ -27,20 +28,15 @@ from quota.http._fields import (
     DEFAULT_PRESSURE_FACTORS,
     DEFAULT_TIER_MULTIPLIERS,
     HEADER_STYLES,
-    MAX_FACTOR,
-    MIN_FACTOR,
     PROBLEM_TYPES,
-    SAFE_METHODS,
     Check,
     check_bool,
-    check_factors,
     check_name,
     choice,
     number,
     utf8,
     whole,
 )
-from quota.http._fields import check_factors as _check_factors
 from quota.http._identity import (
     Network,
     ProxyRules,
@@ -50,9 +46,6 @@ from quota.http._identity import (
 )
 from quota.http._identity import proxy_rules as build_proxy_rules
 from quota.http._routes import RoutePolicy, compile_paths
-
-#: Also what other modules of the HTTP layer import from here.
-__all__ = ["DEFAULT_POLICY", "SAFE_METHODS", "HttpConfig", "RoutePolicy", "_check_factors"]
 
 
 def _policies(name: str, value: Sequence[RoutePolicy]) -> tuple[RoutePolicy, ...]:

@@ -6,7 +6,7 @@ tier, overrides, scaling, headers, the 429/503 answer) and *yields* the two
 things it needs from outside:
 
 * `LOAD_POLICIES`: read the ``quota_policies`` and ``quota_settings`` tables
-  (the driver sends back `quota.http._runtime.read_op`'s snapshot, or throws
+  (the driver sends back `quota._sql.policies.read_op`'s snapshot, or throws
   the exception in);
 * a `Hit`: count a hit with the limiter (the driver sends back the
   `quota.Decision`, or throws the exception in).
@@ -34,12 +34,14 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from quota._core.algorithms import Rate
 from quota._core.decision import Decision
 from quota._core.errors import ConfigurationError, SchemaError
+from quota._core.factors import check_factors
+from quota._sql.policies import Snapshot, read_op
 from quota._wrappers.abuse import AbuseDetector, AlertCallback
 from quota._wrappers.fallback import Fallback, StoreDown
 from quota._wrappers.metrics import Metrics as QuotaMetrics
 from quota.http._capacity import Plans, ScaledRates, SystemPressure
-from quota.http._config import DEFAULT_POLICY, SAFE_METHODS, HttpConfig, RoutePolicy
-from quota.http._config import _check_factors as check_factors
+from quota.http._config import DEFAULT_POLICY, HttpConfig
+from quota.http._fields import SAFE_METHODS
 from quota.http._identity import (
     ANON,
     AUTH,
@@ -66,7 +68,8 @@ from quota.http._responses import (
     too_many_requests,
     unavailable,
 )
-from quota.http._runtime import Snapshot, read_op, runtime_policies
+from quota.http._routes import RoutePolicy
+from quota.http._runtime import runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
 if TYPE_CHECKING:
@@ -75,6 +78,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("quota.http")
 
+#: The abuse detector's threshold standing for "no alerts" (its own floor is 1).
+NO_ALERTS = 2**62
 #: A failing limiter is logged at most once per this many seconds, not once per request.
 ERROR_LOG_SECONDS = 10.0
 
@@ -116,7 +121,7 @@ class _LoadPolicies:
         return "LOAD_POLICIES"
 
 
-#: Effect: read ``quota_policies`` and ``quota_settings`` (`quota.http._runtime.read_op`, run as a store operation).
+#: Effect: read ``quota_policies`` and ``quota_settings`` (`quota._sql.policies.read_op`, run as a store operation).
 LOAD_POLICIES = _LoadPolicies()
 Effect = Hit | _LoadPolicies
 
@@ -668,6 +673,42 @@ class Guard:
             self._scaled = ScaledRates()
             self._shapes = {}
             self.config = replace(config, tier_multipliers=multipliers)
+
+    @property
+    def abuse_threshold(self) -> int:
+        """The abuse alert threshold in force: 429s to one key that raise an alert (0: off)."""
+        detector = self.abuse
+        if detector is None or detector.threshold >= NO_ALERTS:
+            return 0
+        return detector.threshold
+
+    def set_abuse_threshold(self, threshold: int) -> bool:
+        """Raise abuse alerts after `threshold` 429s to one key from now on (0: no alerts).
+
+        Like `HttpConfig.abuse_threshold` (a whole number, 0..2**62), with the
+        config's window and quiet interval; `ConfigurationError` otherwise,
+        changing nothing. True when the threshold in force changed.
+        """
+        if type(threshold) is not int or not 0 <= threshold <= NO_ALERTS:
+            raise ConfigurationError(
+                f"abuse_threshold must be a whole number 0..2**62 (0: off), got {threshold!r}"
+            )
+        with self._settings:
+            detector = self.abuse
+            # Never set back to None: a request may be between its check and its call.
+            if detector is None:
+                if threshold == 0:
+                    return False
+                config = self.config
+                self.abuse = AbuseDetector(
+                    threshold, config.abuse_window, config.abuse_interval,
+                    callback=self._abuse_alert, clock=self.clock, metrics=self.metrics.sink,
+                )  # fmt: skip
+                return True
+            if detector.threshold == (threshold or NO_ALERTS):
+                return False
+            detector.threshold = threshold or NO_ALERTS
+            return True
 
     def _abuse_alert(self, key: str, count: int) -> None:
         """The abuse detector's callback: count the alert, then tell the app's ``on_abuse``."""

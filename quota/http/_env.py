@@ -24,14 +24,13 @@ from typing import Any
 from quota._core.algorithms import ALGORITHMS, Rate
 from quota._core.decision import MAX_LIMIT, MAX_WINDOW
 from quota._core.errors import ConfigurationError
+from quota._core.factors import MAX_FACTOR, MIN_FACTOR
 from quota._core.parsing import parse_decimal, parse_flag, parse_whole
 from quota._core.rates import parse_rates
 from quota.http._fields import (
     DEFAULT_PLAN_SCALES,
     DEFAULT_TIER_MULTIPLIERS,
     HEADER_STYLES,
-    MAX_FACTOR,
-    MIN_FACTOR,
     NAME,
     PROBLEM_TYPES,
     utf8,

@@ -30,11 +30,6 @@ DEFAULT_PLAN_SCALES: Mapping[str, float] = {"enterprise": 3.0, "pro": 1.5, "free
 DEFAULT_PRESSURE_FACTORS: Mapping[str, float] = {"staff": 0.85, AUTH: 0.7, ANON: 0.55}
 #: Tiers pressure never lowers.
 DEFAULT_PRESSURE_EXEMPT = frozenset({"admin", TRUSTED})
-#: Bounds of every tier multiplier, plan scale and pressure factor (pressure
-#: factors are at most 1). Within them a request's combined factor stays in
-#: 1e-9..1e6, so a scaled limit is a finite number `scale_rate` can clamp.
-MIN_FACTOR = 0.001
-MAX_FACTOR = 1000.0
 
 #: A route class's name or the key prefix: they appear in keys, metrics and headers.
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
@@ -110,22 +105,3 @@ def utf8(name: str, text: str) -> bytes:
             f"{name} must be text that encodes as UTF-8 (it holds a lone surrogate,"
             " as os.environ makes of bytes that are not UTF-8)"
         ) from None
-
-
-def check_factors(name: str, value: object, *, maximum: float = MAX_FACTOR) -> dict[str, float]:
-    """`value` as a dict of name to a factor in ``MIN_FACTOR..maximum``."""
-    if not isinstance(value, Mapping):
-        raise ConfigurationError(f"{name} must be a mapping of name to number, got {value!r}")
-    out = {}
-    for key, factor in value.items():
-        if (
-            isinstance(factor, bool)
-            or not isinstance(factor, (int, float))
-            or not MIN_FACTOR <= factor <= maximum  # NaN fails this too
-        ):
-            raise ConfigurationError(
-                f"{name}[{key!r}] must be a number between {MIN_FACTOR:g} and {maximum:g},"
-                f" got {factor!r}"
-            )
-        out[str(key)] = float(factor)
-    return out

@@ -22,7 +22,7 @@ The most specific row wins: a caller's own subject before its tenant,
 before its tier, before ``*``; for each, the named route before ``*``. Its
 non-NULL fields replace the class's.
 ``exempt`` lets the caller through unlimited. A row with every field NULL
-and ``exempt`` false overrides nothing: it is what `delete_policy` leaves
+and ``exempt`` false overrides nothing: it is what `Admin.delete_policy` leaves
 (a deletion stamped with its time, purged two hours later), and readers
 treat it as no row.
 
@@ -52,8 +52,10 @@ row at once.
 
 On any failure to read the table, the last good rows (or none: the code's
 defaults) stay in force. Stores that keep no tables (memory, Redis) have no
-runtime policies: `runtime_policies` returns None for them. The SQL lives
-here and runs through the limiter's store.
+runtime policies: `runtime_policies` returns None for them. The tables'
+rows, statements and operations (`read_op`, and the edits behind
+`quota.admin`) are in `quota._sql.policies`; what is here is the in-request
+cache, applied to a guard through its public methods (`Tunable`).
 
 Settings
 --------
@@ -75,7 +77,7 @@ name                           value
 
 It is read in the same refresh as the policies and a change applies at the
 same boundaries, on the same rules. `RuntimeSettings` applies a value
-through `Guard.set_tier_multiplier` or the guard's abuse detector, only when
+through `Guard.set_tier_multiplier` and `Guard.set_abuse_threshold`, only when
 it differs from the one in force; a deleted setting (`delete_setting` leaves
 a stamped row whose value is NULL) gives back the configured value. The two
 tables are read by two statements, each failing alone: a database not yet
@@ -87,221 +89,57 @@ once.
 
 from __future__ import annotations
 
-import difflib
-import ipaddress
 import logging
 import math
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from quota._core.algorithms import ALGORITHMS, Rate
-from quota._core.errors import ConfigurationError, SchemaError, StorageError
-from quota._core.parsing import parse_decimal, parse_whole
+from quota._core.algorithms import Rate
+from quota._core.errors import ConfigurationError
 from quota._core.rates import parse_rates
-from quota._sql.statements import Statement
-from quota._stores.base import Op, Step
+from quota._sql.policies import (
+    ABUSE_THRESHOLD,
+    ANY,
+    ROUTE_CLASS,
+    SETTINGS_TABLE,
+    TABLE,
+    TIER_MULTIPLIER,
+    PolicyRow,
+    Rows,
+    Snapshot,
+    overrides_nothing,
+    policy_row,
+    setting_row,
+)
 from quota._stores.url import SCHEMALESS
-from quota._wrappers.abuse import AbuseDetector
 from quota.http._config import HttpConfig
-from quota.http._config import _check_factors as check_factors
-from quota.http._env import apply_env
-from quota.http._identity import Identity, client_ip, hashed_subject
-
-if TYPE_CHECKING:
-    from quota._limiter.sync_face import Limiter
-    from quota.http._core import Guard
+from quota.http._identity import Identity
 
 log = logging.getLogger("quota.http")
 
-TABLE = "quota_policies"
-ANY = "*"
+
+class Tunable(Protocol):
+    """What the settings change on a guard (`quota.http._core.Guard`), through its public methods."""
+
+    config: HttpConfig
+
+    @property
+    def abuse_threshold(self) -> int: ...
+
+    def set_tier_multiplier(self, tier: str, value: float) -> None: ...
+
+    def set_abuse_threshold(self, threshold: int) -> bool: ...
+
+
 #: A row stamped less than this many seconds before a boundary waits for the next one:
 #: room for the write to commit and for the clocks of the hosts to differ a little.
 MARGIN = 1.0
 #: A row stamped this far (seconds) in a worker's future is reported: the clocks disagree.
 AHEAD = 10.0
-#: Deletion rows older than this (seconds) are purged when the table is next edited:
-#: by then every worker has read them at a boundary (the cache period is at most an hour).
-TOMBSTONE_SECONDS = 2 * 3600.0
 #: Pending versions kept per override (changes written within a period or two).
 _PENDING_MAX = 8
-
-SELECT = Statement(
-    "policies_select",
-    "SELECT route, subject, rates, algorithm, cost, fail_open, exempt, note, updated_at"
-    " FROM quota_policies ORDER BY route, subject",
-)
-UPSERT = Statement(
-    "policies_upsert",
-    "INSERT INTO quota_policies"
-    " (route, subject, rates, algorithm, cost, fail_open, exempt, note, updated_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (route, subject) DO UPDATE SET rates = excluded.rates,"
-    " algorithm = excluded.algorithm, cost = excluded.cost, fail_open = excluded.fail_open,"
-    " exempt = excluded.exempt, note = excluded.note, updated_at = excluded.updated_at"
-    " RETURNING 1",
-)
-_EMPTY = "rates IS NULL AND algorithm IS NULL AND cost IS NULL AND fail_open IS NULL AND exempt = ?"
-#: A deletion: the row overrides nothing from now on (and says when it stopped).
-DELETE = Statement(
-    "policies_delete",
-    "UPDATE quota_policies SET rates = NULL, algorithm = NULL, cost = NULL, fail_open = NULL,"
-    " exempt = ?, note = NULL, updated_at = ?"
-    f" WHERE route = ? AND subject = ? AND NOT ({_EMPTY}) RETURNING 1",
-)
-PURGE = Statement(
-    "policies_purge", f"DELETE FROM quota_policies WHERE {_EMPTY} AND updated_at < ? RETURNING 1"
-)
-
-SETTINGS_TABLE = "quota_settings"
-#: Name of the setting that scales one tier's limits: this prefix, then the tier.
-TIER_MULTIPLIER = "tier_multiplier."
-#: Name of the setting of the abuse alert threshold.
-ABUSE_THRESHOLD = "abuse_threshold"
-#: Name of the row recording that a middleware serves a route class: this prefix, then its
-#: name. Not a setting: it changes nothing, it lets the CLI and doctor tell a misspelt class.
-ROUTE_CLASS = "route_class."
-#: The value of a ``route_class.<name>`` row.
-SERVED = "served"
-SELECT_SETTINGS = Statement(
-    "settings_select", "SELECT name, value, note, updated_at FROM quota_settings ORDER BY name"
-)
-UPSERT_SETTING = Statement(
-    "settings_upsert",
-    "INSERT INTO quota_settings (name, value, note, updated_at) VALUES (?, ?, ?, ?)"
-    " ON CONFLICT (name) DO UPDATE SET value = excluded.value, note = excluded.note,"
-    " updated_at = excluded.updated_at RETURNING 1",
-)
-#: A deletion: the value is NULL from now on (and the row says when it stopped).
-DELETE_SETTING = Statement(
-    "settings_delete",
-    "UPDATE quota_settings SET value = NULL, note = NULL, updated_at = ?"
-    " WHERE name = ? AND value IS NOT NULL RETURNING 1",
-)
-PURGE_SETTINGS = Statement(
-    "settings_purge",
-    "DELETE FROM quota_settings WHERE value IS NULL AND updated_at < ? RETURNING 1",
-)
-
-Rows = Sequence[Sequence[Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """What one refresh read: each table's rows, or the exception its read raised."""
-
-    policies: Rows | BaseException
-    settings: Rows | BaseException | None = None
-    """None: not read (a driver of the policies alone)."""
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """True when `exc` says the database cannot be reached: the next statement would fail too."""
-    if isinstance(exc, SchemaError):
-        return False  # a table missing: the other one may be there
-    if isinstance(exc, StorageError):
-        return exc.outage
-    return True
-
-
-def read_op(register: Sequence[str] = (), now: float = 0.0) -> Op[Snapshot]:
-    """The read of both tables as a store operation (``store.run(read_op(), transaction=False)``).
-
-    Two statements, each failing on its own: a missing ``quota_settings``
-    (a database not migrated to 0005_settings) leaves the policies read, and
-    the other way round. When the database cannot be reached the exception
-    is raised, the second statement not tried. Without a fallback it runs as
-    above; under one the middleware drives it over the store's
-    ``execute_strict`` (``limiter.run(read_op(), strict=True)``): never from memory, each
-    statement held to the fallback's budget, refused at once while the
-    database is down (the last good overrides and settings stay in force).
-
-    `register` names the route classes the middleware serves: each one not
-    yet recorded in ``quota_settings`` (a ``route_class.<name>`` row stamped
-    `now`) is written there, so that ``quota policy set`` and ``quota
-    doctor`` can tell a misspelt route class. A write that fails (a
-    read-only role) is left for the next read; the snapshot is unchanged.
-    """
-    policies: Rows | BaseException
-    settings: Rows | BaseException
-    try:
-        policies = yield SELECT, ()
-    except Exception as exc:
-        if _unreachable(exc):
-            raise
-        policies = exc
-    try:
-        settings = yield SELECT_SETTINGS, ()
-    except Exception as exc:
-        settings = exc
-    if register and not isinstance(settings, BaseException):
-        recorded = {str(row[0]) for row in settings if row[1] is not None}
-        for route in register:
-            name = ROUTE_CLASS + route
-            if name in recorded:
-                continue
-            try:
-                yield UPSERT_SETTING, (name, SERVED, None, now)
-            except Exception:
-                break  # not writable (or gone): the next read tries again
-    return Snapshot(policies, settings)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PolicyRow:
-    """One row of ``quota_policies``, as stored."""
-
-    route: str
-    """Route class name, or ``*`` for all."""
-    subject: str = ANY
-    """``*``, ``tier:<name>``, ``tenant:<id>``, or a caller's subject (``ip:<hash>``…)."""
-    rates: str | None = None
-    """Rate string replacing the class's rates; None keeps them."""
-    algorithm: str | None = None
-    """Algorithm for `rates`; None keeps the class's."""
-    cost: int | None = None
-    """Hits per request; None keeps the class's."""
-    fail_open: bool | None = None
-    """Fail-open (True) or closed (False); None keeps the class's."""
-    exempt: bool = False
-    """Let the subject through unlimited."""
-    note: str | None = None
-    """Why the row exists, for the next person to read it."""
-    updated_at: float = 0.0
-    """When the row was last set (epoch seconds)."""
-
-    def __post_init__(self) -> None:
-        for name in ("route", "subject"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value or len(value) > 200:
-                raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
-        if self.algorithm is not None and self.algorithm not in ALGORITHMS:
-            raise ConfigurationError(
-                f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
-            )
-        if self.rates is not None:
-            parse_rates(self.rates, algorithm=self.algorithm)
-        if self.cost is not None and (type(self.cost) is not int or self.cost < 1):
-            raise ConfigurationError(f"cost must be a positive integer, got {self.cost!r}")
-
-    @property
-    def exact(self) -> bool:
-        """Whether the rates are one caller's (or tier's) own, not the class's base to scale."""
-        return self.subject != ANY
-
-    def parsed_rates(self) -> tuple[Rate, ...] | None:
-        if self.rates is None:
-            return None
-        return tuple(parse_rates(self.rates, algorithm=self.algorithm))
-
-
-def _overrides_nothing(row: PolicyRow) -> bool:
-    return (
-        row.rates is None and row.algorithm is None and row.cost is None
-        and row.fail_open is None and not row.exempt
-    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,16 +167,6 @@ class Override:
                 parse_rates(self.row.rates, algorithm=algorithm)
             )
         return found
-
-
-def _row(values: Sequence[Any]) -> PolicyRow:
-    route, subject, rates, algorithm, cost, fail_open, exempt, note, updated_at = values
-    return PolicyRow(
-        route=route, subject=subject, rates=rates, algorithm=algorithm,
-        cost=None if cost is None else int(cost),
-        fail_open=None if fail_open is None else bool(fail_open),
-        exempt=bool(exempt), note=note, updated_at=float(updated_at or 0.0),
-    )  # fmt: skip
 
 
 Key = tuple[str, str]
@@ -436,7 +264,7 @@ class RuntimePolicies:
             return True
 
     def refresh(
-        self, read: Snapshot | Rows | BaseException, now: float, guard: Guard | None = None
+        self, read: Snapshot | Rows | BaseException, now: float, guard: Tunable | None = None
     ) -> None:
         """Take in what a read at `now` brought back, and apply the settings to `guard`.
 
@@ -479,8 +307,8 @@ class RuntimePolicies:
         versions: list[tuple[Key, float, Override | None]] = []
         for values in rows:
             try:
-                row = _row(values)
-                version = None if _overrides_nothing(row) else Override(row, row.parsed_rates())
+                row = policy_row(values)
+                version = None if overrides_nothing(row) else Override(row, row.parsed_rates())
             except (ConfigurationError, ValueError, TypeError) as exc:
                 self._skip_malformed(values, exc)
                 continue
@@ -551,83 +379,6 @@ class RuntimePolicies:
 # -- settings --------------------------------------------------------------------------
 
 
-#: The abuse detector's threshold standing for "no alerts" (its own floor is 1).
-_NO_ALERTS = 2**62
-
-
-def _tier(name: str) -> str:
-    """The tier a ``tier_multiplier.<tier>`` setting names; `ConfigurationError` for another name."""
-    if not isinstance(name, str) or not name.startswith(TIER_MULTIPLIER):
-        raise ConfigurationError(
-            f"unknown setting {name!r}: the settings are {TIER_MULTIPLIER}<tier> and"
-            f" {ABUSE_THRESHOLD}"
-        )
-    tier = name[len(TIER_MULTIPLIER) :]
-    if not tier or len(tier) > 200 or not tier.isprintable() or any(c.isspace() for c in tier):
-        raise ConfigurationError(
-            f"tier must be a non-empty name without blanks (at most 200 characters), got {tier!r}"
-        )
-    return tier
-
-
-def parse_setting(name: str, value: object) -> float | int:
-    """The value of setting `name` given as `value`: a number, or its text as stored.
-
-    Checked as `HttpConfig` checks the field, with its message:
-    ``tier_multiplier.<tier>`` as ``tier_multipliers`` (0.001 to 1000),
-    ``abuse_threshold`` as ``abuse_threshold`` (a whole number, 0 for no
-    alerts). `ConfigurationError` for a bad value or an unknown name.
-    """
-    if name == ABUSE_THRESHOLD:
-        number = value
-        if isinstance(value, str) and (whole := parse_whole(value)) is not None:
-            number = whole
-        if type(number) is not int or not 0 <= number <= 2**62:
-            raise ConfigurationError(
-                f"abuse_threshold must be a whole number 0..2**62 (0: off), got {value!r}"
-            )
-        return number
-    tier = _tier(name)
-    if isinstance(value, str) and (decimal := parse_decimal(value)) is not None:
-        value = decimal
-    return check_factors("tier_multipliers", {tier: value})[tier]
-
-
-def _text(value: float | int) -> str:
-    """A setting's value as stored: ``2`` rather than ``2.0``; every digit of a fraction."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return repr(value)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SettingRow:
-    """One row of ``quota_settings``, as stored."""
-
-    name: str
-    """``tier_multiplier.<tier>`` or ``abuse_threshold``."""
-    value: str | None
-    """The value as text; None: a deletion (the configured value again)."""
-    note: str | None = None
-    """Why the value was set, for the next person to read it."""
-    updated_at: float = 0.0
-    """When the row was last set (epoch seconds)."""
-
-    def parsed(self) -> float | int:
-        """The value, checked (`ConfigurationError` for a malformed row)."""
-        if self.value is None:
-            raise ConfigurationError(f"setting {self.name!r} was deleted")
-        return parse_setting(self.name, self.value)
-
-
-def _setting(values: Sequence[Any]) -> SettingRow:
-    name, value, note, updated_at = values
-    return SettingRow(
-        name=str(name), value=None if value is None else str(value), note=note,
-        updated_at=float(updated_at or 0.0),
-    )  # fmt: skip
-
-
 class RuntimeSettings:
     """The ``quota_settings`` rows, read with the policies, and what they change on a guard.
 
@@ -675,7 +426,7 @@ class RuntimeSettings:
         versions: list[tuple[str, float, float | int | None]] = []
         for values in rows:
             try:
-                row = _setting(values)
+                row = setting_row(values)
             except (ValueError, TypeError) as exc:
                 self._malformed(repr(list(values)), None, 0.0, exc)
                 continue
@@ -736,12 +487,11 @@ class RuntimeSettings:
             )  # fmt: skip
         self._failing = self._failed_before = True
 
-    def apply(self, guard: Guard) -> None:
+    def apply(self, guard: Tunable) -> None:
         """Bring `guard` in line with the settings in force; never raises.
 
         A tier multiplier goes through `Guard.set_tier_multiplier`, the abuse
-        threshold to the guard's `AbuseDetector` (made when the guard was
-        built with alerts off; 0 puts it out of reach), each only when it
+        threshold through `Guard.set_abuse_threshold`, each only when it
         differs from the value in force. A setting that is gone gives back the
         value it displaced, unless something else changed it meanwhile.
         """
@@ -755,7 +505,7 @@ class RuntimeSettings:
         else:
             self._apply_failing = False
 
-    def _apply(self, guard: Guard) -> None:
+    def _apply(self, guard: Tunable) -> None:
         values = self._values
         wanted = {
             name[len(TIER_MULTIPLIER) :]: float(value)
@@ -781,30 +531,16 @@ class RuntimeSettings:
             self._set_abuse(guard, int(threshold))
             self._abuse = int(threshold)
         elif self._abuse is not None:
-            detector = guard.abuse
-            if detector is None or detector.threshold == (self._abuse or _NO_ALERTS):
+            if guard.abuse_threshold == self._abuse:
                 self._set_abuse(guard, guard.config.abuse_threshold)
             self._abuse = None
 
-    def _set_abuse(self, guard: Guard, threshold: int) -> None:
-        detector = guard.abuse
-        # Never set back to None: a request may be between its check and its call.
-        if detector is None:
-            if threshold == 0:
-                return
-            config = guard.config
-            guard.abuse = AbuseDetector(
-                threshold, config.abuse_window, config.abuse_interval,
-                callback=guard._abuse_alert, clock=guard.clock, metrics=guard.metrics.sink,
+    def _set_abuse(self, guard: Tunable, threshold: int) -> None:
+        if guard.set_abuse_threshold(threshold):
+            log.info(
+                "quota: abuse alerts %s (%s)",
+                f"after {threshold} 429s to one key" if threshold else "off", SETTINGS_TABLE,
             )  # fmt: skip
-        elif detector.threshold != (threshold or _NO_ALERTS):
-            detector.threshold = threshold or _NO_ALERTS
-        else:
-            return
-        log.info(
-            "quota: abuse alerts %s (%s)",
-            f"after {threshold} 429s to one key" if threshold else "off", SETTINGS_TABLE,
-        )  # fmt: skip
 
 
 def runtime_policies(
@@ -827,175 +563,3 @@ def runtime_policies(
         )  # fmt: skip
         return None
     return RuntimePolicies(config.policy_cache_seconds, metrics=metrics)
-
-
-# -- naming one caller, as the middleware does ---------------------------------------
-
-
-def hash_secret_from_env(env: Mapping[str, str]) -> bytes | None:
-    """``$QUOTA_HASH_SECRET`` (alias ``$RATE_LIMIT_SECRET``) as `HttpConfig.from_env` reads it.
-
-    None when neither is set; `ConfigurationError`, with the middleware's
-    message, for one it would refuse (under 16 bytes, not UTF-8).
-    """
-    names = ("QUOTA_HASH_SECRET", "RATE_LIMIT_SECRET")
-    secret = apply_env({n: env[n] for n in names if n in env}, {}).get("hash_secret")
-    if secret is None:
-        return None
-    key: bytes = secret.encode() if isinstance(secret, str) else secret
-    return key
-
-
-def ip_subject(ip: str, secret: bytes, *, ipv6_prefix: int = 64) -> str:
-    """The subject the middleware keys a client at `ip` under (with `ipv6_prefix` as its own).
-
-    Normalised as the middleware normalises a client's address: blanks and
-    brackets stripped, an IPv4-mapped IPv6 address read as the IPv4 one, an
-    IPv6 address keyed by its /`ipv6_prefix` network. `ConfigurationError`
-    when `ip` is not an IP address.
-    """
-    address = client_ip(ip, {}, ())
-    try:
-        ipaddress.ip_address(address or "")
-    except ValueError:
-        raise ConfigurationError(f"not an IP address: {ip!r}") from None
-    assert address is not None
-    return hashed_subject("ip", address, secret, ipv6_prefix=ipv6_prefix)
-
-
-# -- editing the table (the ``quota policy`` commands) -------------------------------
-
-
-def _now(limiter: Limiter) -> float:
-    """The limiter's clock (`time.time` unless one was injected)."""
-    return float(limiter.options.app_clock())
-
-
-def _statements(*steps: Step) -> Op[Rows]:
-    """Run `steps` one after the other (each commits on its own); the rows of the last."""
-    rows: Rows = ()
-    for step in steps:
-        rows = yield step
-    return rows
-
-
-def list_policies(limiter: Limiter) -> list[PolicyRow]:
-    """Every override in ``quota_policies`` on a sync `quota.Limiter` (deletions not shown)."""
-    rows = (_row(values) for values in limiter.run(_statements((SELECT, ()))))
-    return [row for row in rows if not _overrides_nothing(row)]
-
-
-def set_policy(limiter: Limiter, row: PolicyRow) -> PolicyRow:
-    """Insert or replace the row for (`row.route`, `row.subject`); returns it as stored.
-
-    The row is stamped with the limiter's clock; every middleware applies it
-    at the first boundary of its cache period at least one second later.
-    `ConfigurationError` for a row that would change nothing (give at least
-    one of `rates`, `cost`, `fail_open`, `exempt`; `algorithm` goes with
-    `rates`).
-    """
-    if row.algorithm is not None and row.rates is None:
-        raise ConfigurationError("algorithm applies to the override's rates: give rates with it")
-    if _overrides_nothing(row):
-        raise ConfigurationError(
-            "an override must change something: give at least one of rates, cost,"
-            " fail_open, exempt (to remove one, use delete_policy)"
-        )
-    now = _now(limiter)
-    stamped = PolicyRow(**{**row.__dict__, "updated_at": now})
-    limiter.run(_statements((PURGE, (False, now - TOMBSTONE_SECONDS)), (UPSERT, (
-        stamped.route, stamped.subject, stamped.rates, stamped.algorithm, stamped.cost,
-        stamped.fail_open, stamped.exempt, stamped.note, stamped.updated_at,
-    ))))  # fmt: skip
-    return stamped
-
-
-def delete_policy(limiter: Limiter, route: str, subject: str = ANY) -> bool:
-    """Delete the override of (`route`, `subject`); True if there was one.
-
-    The row stays a while as a stamped deletion (overriding nothing), so
-    that every middleware drops the override at the same boundary, as it
-    applies a change; deletions older than two hours are purged when the
-    table is next edited.
-    """
-    now = _now(limiter)
-    return bool(limiter.run(_statements(
-        (PURGE, (False, now - TOMBSTONE_SECONDS)), (DELETE, (False, now, route, subject, False))
-    )))  # fmt: skip
-
-
-def list_settings(limiter: Limiter) -> list[SettingRow]:
-    """Every setting in ``quota_settings`` on a sync `quota.Limiter` (deletions not shown).
-
-    Rows are listed as stored, malformed ones too (the middleware ignores
-    those; `SettingRow.parsed` says why).
-    """
-    rows = (_setting(values) for values in limiter.run(_statements((SELECT_SETTINGS, ()))))
-    return [row for row in rows if row.value is not None and not row.name.startswith(ROUTE_CLASS)]
-
-
-def unserved_route(route: str, served: Sequence[str]) -> str | None:
-    """What is wrong with an override of `route` when the middlewares serve `served`; None if
-    nothing (``*``, a class served, or no class recorded yet to compare with)."""
-    if route == ANY or not served or route in served:
-        return None
-    closest = difflib.get_close_matches(route, served, n=1)
-    return (
-        f"no middleware on this database serves a route class {route!r}, so its overrides"
-        f" change nothing (the classes served: {', '.join(served)})"
-        + (f"; did you mean {closest[0]!r}?" if closest else "")
-    )
-
-
-def served_routes(limiter: Limiter) -> list[str]:
-    """The route classes the middlewares on this database have said they serve, sorted.
-
-    Each middleware records its classes at its first read of the runtime
-    policies; empty when none has yet (or the database predates it).
-    """
-    rows = (_setting(values) for values in limiter.run(_statements((SELECT_SETTINGS, ()))))
-    return sorted(
-        row.name[len(ROUTE_CLASS) :]
-        for row in rows
-        if row.value is not None and row.name.startswith(ROUTE_CLASS)
-    )
-
-
-def set_setting(
-    limiter: Limiter, name: str, value: float | int | str, *, note: str | None = None
-) -> SettingRow:
-    """Set `name` to `value`; returns the row as stored.
-
-    `name` is ``tier_multiplier.<tier>`` (a number from 0.001 to 1000, as
-    `HttpConfig.tier_multipliers`) or ``abuse_threshold`` (a whole number;
-    0 turns alerts off). `ConfigurationError`, with `HttpConfig`'s message,
-    for a value it would refuse. Stamped with the limiter's clock; every
-    middleware applies it at the first boundary of its cache period at least
-    one second later, as a policy change.
-    """
-    parsed = parse_setting(name, value)
-    if note is not None and not isinstance(note, str):
-        raise ConfigurationError(f"note must be a string or None, got {note!r}")
-    now = _now(limiter)
-    row = SettingRow(name=name, value=_text(parsed), note=note, updated_at=now)
-    limiter.run(_statements(
-        (PURGE_SETTINGS, (now - TOMBSTONE_SECONDS,)),
-        (UPSERT_SETTING, (row.name, row.value, row.note, row.updated_at)),
-    ))  # fmt: skip
-    return row
-
-
-def delete_setting(limiter: Limiter, name: str) -> bool:
-    """Delete the setting `name`; True if there was one.
-
-    The middlewares go back to their configured value at the same boundary,
-    as for a change: the row stays a while as a stamped deletion (value
-    NULL), purged two hours later when the table is next edited. Any name
-    can be deleted, a malformed row's too.
-    """
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
-    now = _now(limiter)
-    return bool(limiter.run(_statements(
-        (PURGE_SETTINGS, (now - TOMBSTONE_SECONDS,)), (DELETE_SETTING, (now, name))
-    )))  # fmt: skip

@@ -33,10 +33,11 @@ from quota._core.algorithms import Rate
 from quota._limiter import AsyncLimiter, Limiter
 from quota._wrappers.abuse import AlertCallback
 from quota.http._capacity import Plans
-from quota.http._config import HttpConfig, RoutePolicy
+from quota.http._config import HttpConfig
 from quota.http._core import GuardOptions, ObserverLike, build_guard
 from quota.http._identity import IdentifyHook, TokenValidator
 from quota.http._responses import HttpResponse, ResponseFactory
+from quota.http._routes import RoutePolicy
 from quota.http.asgi import Limiters, asgi_request, decide
 
 

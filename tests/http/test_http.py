@@ -15,14 +15,13 @@ from typing import Any
 import pytest
 
 import quota
+from quota.admin import Admin, PolicyRow
 from quota.http import (
     HttpConfig,
     HttpResponse,
     Identity,
     Plans,
-    PolicyRow,
     RoutePolicy,
-    set_policy,
     sign,
 )
 from tests._http_support import HttpClient, make_client
@@ -564,7 +563,7 @@ def test_a_policy_change_in_the_database_applies_at_a_boundary_of_the_cache_peri
     # Written 0.75 s before a boundary (the clock starts 4.25 s into a 5 s
     # period): not applied there, but at the next one, on every worker at once.
     with quota.connect(sql_url, clock=clock) as limiter:
-        set_policy(limiter, PolicyRow(route="api", rates="10/minute"))
+        Admin(limiter).set_policy(PolicyRow(route="api", rates="10/minute"))
     clock.advance(4)
     cached = client.get("/api/items")
     clock.advance(2)
@@ -583,9 +582,9 @@ def test_overrides_for_a_tier_a_caller_and_an_exemption(
     )
     subject = client.middleware.guard.subject("tok", "vip")
     with quota.connect(sql_url) as limiter:
-        set_policy(limiter, PolicyRow(route="api", subject="tier:auth", rates="7/minute"))
-        set_policy(limiter, PolicyRow(route="*", subject=subject, rates="100/minute"))
-        set_policy(limiter, PolicyRow(route="api", subject="tier:trusted", exempt=True))
+        Admin(limiter).set_policy(PolicyRow(route="api", subject="tier:auth", rates="7/minute"))
+        Admin(limiter).set_policy(PolicyRow(route="*", subject=subject, rates="100/minute"))
+        Admin(limiter).set_policy(PolicyRow(route="api", subject="tier:trusted", exempt=True))
 
     authed = client.get("/api/items", authorization="Bearer someone")
     vip = client.get("/api/items", authorization="Bearer vip")

@@ -19,11 +19,11 @@ import quota
 import quota.http
 from quota._core.algorithms import Rate
 from quota._core.decision import Decision
+from quota.admin import PolicyRow
 from quota.http import (
     HttpConfig,
     Identity,
     Plans,
-    PolicyRow,
     RequestInfo,
     RoutePolicy,
     SystemPressure,

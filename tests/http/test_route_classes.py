@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 import quota
 from quota._cli import main
+from quota.admin import Admin
 from quota.http import HttpConfig, RoutePolicy
-from quota.http._runtime import served_routes
 from quota.http.asgi import QuotaMiddleware
 from quota.http.wsgi import QuotaWSGIMiddleware
 
@@ -64,13 +64,13 @@ def cli(*args: str) -> Any:
 
 def test_a_wsgi_middleware_records_the_classes_it_serves(sql_url: str, caplog: Any) -> None:
     with quota.connect(sql_url) as limiter:
-        assert served_routes(limiter) == []
+        assert Admin(limiter).served_routes() == []
     with caplog.at_level(logging.WARNING, logger="quota"):
         serve_once(sql_url)
         serve_once(sql_url)  # recorded once: the second finds them there
     with quota.connect(sql_url) as limiter:
-        assert served_routes(limiter) == ["api", "search"]
-        assert quota.http.list_settings(limiter) == []  # no setting
+        assert Admin(limiter).served_routes() == ["api", "search"]
+        assert Admin(limiter).settings() == []  # no setting
     assert not [r for r in caplog.records if "quota_settings" in r.getMessage()]
 
 
@@ -85,7 +85,7 @@ def test_an_asgi_middleware_records_them_too(sql_url: str) -> None:
     with TestClient(app) as client:
         assert client.get("/api/x").status_code == 200
     with quota.connect(sql_url) as limiter:
-        assert served_routes(limiter) == ["api", "search"]
+        assert Admin(limiter).served_routes() == ["api", "search"]
 
 
 def test_policy_set_warns_about_a_route_class_nobody_serves(sql_url: str) -> None:

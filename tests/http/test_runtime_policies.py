@@ -21,7 +21,8 @@ from click.testing import CliRunner
 
 import quota
 from quota._cli import main
-from quota.http import HttpConfig, PolicyRow, RoutePolicy, delete_policy, list_policies, set_policy
+from quota.admin import Admin, PolicyRow
+from quota.http import HttpConfig, RoutePolicy
 from quota.http._core import Guard, drive_sync, sync_effects
 from quota.http._identity import Identity, RequestInfo
 from quota.http._runtime import MARGIN, RuntimePolicies
@@ -245,10 +246,10 @@ def test_an_override_that_changes_nothing_is_refused(sqlite_url: str, extra: lis
 def test_set_policy_refuses_a_row_that_changes_nothing(sql_url: str) -> None:
     with quota.connect(sql_url) as limiter:
         with pytest.raises(quota.ConfigurationError, match="at least one of"):
-            set_policy(limiter, PolicyRow(route="api", note="nothing"))
+            Admin(limiter).set_policy(PolicyRow(route="api", note="nothing"))
         with pytest.raises(quota.ConfigurationError, match="algorithm"):
-            set_policy(limiter, PolicyRow(route="api", algorithm="gcra"))
-        assert list_policies(limiter) == []
+            Admin(limiter).set_policy(PolicyRow(route="api", algorithm="gcra"))
+        assert Admin(limiter).policies() == []
 
 
 @pytest.mark.parametrize("args", [["--cost", "2"], ["--fail-closed"], ["--exempt"]])
@@ -267,17 +268,17 @@ def test_a_store_without_the_table_is_named_by_the_cli() -> None:
 
 def test_a_deletion_is_a_stamped_row_that_list_hides(sql_url: str, clock: Clock) -> None:
     with quota.connect(sql_url, clock=clock) as limiter:
-        set_policy(limiter, PolicyRow(route="api", rates="5/minute"))
+        Admin(limiter).set_policy(PolicyRow(route="api", rates="5/minute"))
         clock.advance(1)
-        assert delete_policy(limiter, "api")
-        assert list_policies(limiter) == []
-        assert not delete_policy(limiter, "api"), "already deleted"
+        assert Admin(limiter).delete_policy("api")
+        assert Admin(limiter).policies() == []
+        assert not Admin(limiter).delete_policy("api"), "already deleted"
         (stamp,) = limiter.store.execute(
             "SELECT updated_at FROM quota_policies WHERE route = ? AND subject = ?", ("api", "*")
         )
         assert stamp[0] == clock.now
-        set_policy(limiter, PolicyRow(route="api", rates="6/minute"))
-        assert [r.rates for r in list_policies(limiter)] == ["6/minute"]
+        Admin(limiter).set_policy(PolicyRow(route="api", rates="6/minute"))
+        assert [r.rates for r in Admin(limiter).policies()] == ["6/minute"]
     assert _cli(sql_url, "delete", "api")[0] == 0
     assert _cli(sql_url, "delete", "api")[0] == 4
     assert _cli(sql_url, "list")[1].strip() == "no overrides"
@@ -287,11 +288,11 @@ def test_old_deletion_rows_are_purged_when_the_table_is_next_edited(
     sql_url: str, clock: Clock
 ) -> None:
     with quota.connect(sql_url, clock=clock) as limiter:
-        set_policy(limiter, PolicyRow(route="api", rates="5/minute"))
-        set_policy(limiter, PolicyRow(route="web", rates="5/minute"))
-        delete_policy(limiter, "api")
+        Admin(limiter).set_policy(PolicyRow(route="api", rates="5/minute"))
+        Admin(limiter).set_policy(PolicyRow(route="web", rates="5/minute"))
+        Admin(limiter).delete_policy("api")
         clock.advance(3 * 3600)
-        delete_policy(limiter, "web")
+        Admin(limiter).delete_policy("web")
         rows = limiter.store.execute("SELECT route FROM quota_policies", ())
         assert [r[0] for r in rows] == ["web"], "the fresh deletion row stays a while"
 
@@ -352,9 +353,9 @@ def test_two_workers_switch_at_the_same_instant(
         if tenth in writes:
             rates = writes[tenth]
             if rates is None:
-                assert delete_policy(admin, "api")
+                assert Admin(admin).delete_policy("api")
             else:
-                set_policy(admin, PolicyRow(route="api", rates=rates))
+                Admin(admin).set_policy(PolicyRow(route="api", rates=rates))
         want = [limit for start, limit in expected if tenth >= start][-1]
         seen = [one.limit()]
         if tenth % 7 == 0:  # worker two has less traffic: it reads later in each period
@@ -377,13 +378,13 @@ def test_a_worker_that_reads_late_still_applies_a_change_it_saw_pending(
     one.limit()
     two.limit()
     clock.now = BASE + 4.5  # within the margin of 5: pending at 5
-    set_policy(admin, PolicyRow(route="api", rates="2000/minute"))
+    Admin(admin).set_policy(PolicyRow(route="api", rates="2000/minute"))
     clock.now = BASE + 5.1
     assert one.limit() == two.limit() == str(BASE_LIMIT)
     clock.now = BASE + 10.05  # one reads at 10: 2000 applies
     assert one.limit() == "2000"
     clock.now = BASE + 11.0
-    set_policy(admin, PolicyRow(route="api", rates="3000/minute"))  # pending until 15
+    Admin(admin).set_policy(PolicyRow(route="api", rates="3000/minute"))  # pending until 15
     clock.now = BASE + 14.0  # two reads late in the period, seeing only 3000 (stamped 11)
     assert two.limit() == one.limit() == "2000"
     clock.now = BASE + 15.0
@@ -393,7 +394,7 @@ def test_a_worker_that_reads_late_still_applies_a_change_it_saw_pending(
 
 def test_a_starting_worker_uses_the_newest_rows_at_once(sqlite_url: str, clock: Clock) -> None:
     with quota.connect(sqlite_url, clock=clock) as admin:
-        set_policy(admin, PolicyRow(route="api", rates="2000/minute"))
+        Admin(admin).set_policy(PolicyRow(route="api", rates="2000/minute"))
     worker = Worker(sqlite_url, clock)
     try:
         assert worker.limit() == "2000"
@@ -409,7 +410,7 @@ def test_a_row_from_the_future_waits_for_its_time_and_is_reported_once(
     try:
         worker.limit()
         with quota.connect(sqlite_url, clock=ahead) as admin:
-            set_policy(admin, PolicyRow(route="api", rates="2000/minute"))
+            Admin(admin).set_policy(PolicyRow(route="api", rates="2000/minute"))
         with caplog.at_level(logging.WARNING, logger="quota.http"):
             for _ in range(3):
                 clock.advance(PERIOD)
@@ -428,9 +429,9 @@ def test_without_a_cache_every_request_reads_and_applies_at_once(
     try:
         assert worker.limit() == str(BASE_LIMIT)
         with quota.connect(sqlite_url, clock=clock) as admin:
-            set_policy(admin, PolicyRow(route="api", rates="2000/minute"))
+            Admin(admin).set_policy(PolicyRow(route="api", rates="2000/minute"))
             assert worker.limit() == "2000"
-            delete_policy(admin, "api")
+            Admin(admin).delete_policy("api")
             assert worker.limit() == str(BASE_LIMIT)
     finally:
         worker.close()

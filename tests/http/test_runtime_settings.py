@@ -34,20 +34,13 @@ from click.testing import CliRunner
 
 import quota
 from quota._cli import main
+from quota._sql.policies import Snapshot
 from quota._sql.schema import REVISIONS
-from quota.http import (
-    HttpConfig,
-    PolicyRow,
-    RoutePolicy,
-    SettingRow,
-    delete_setting,
-    list_settings,
-    set_policy,
-    set_setting,
-)
+from quota.admin import Admin, PolicyRow, SettingRow
+from quota.http import HttpConfig, RoutePolicy
 from quota.http._core import Guard
 from quota.http._identity import Identity
-from quota.http._runtime import MARGIN, RuntimePolicies, Snapshot
+from quota.http._runtime import MARGIN, RuntimePolicies
 from tests._http_support import HttpClient, make_client
 from tests._support import Clock
 
@@ -173,7 +166,7 @@ def test_a_setting_written_within_the_margin_waits_for_the_next_boundary(
     _limits(workers, **AUTH)
     with quota.connect(db_url, clock=clock) as admin:
         clock.now = BASE + PERIOD - MARGIN / 2  # too close to BASE + 5
-        set_setting(admin, "tier_multiplier.auth", 3)
+        Admin(admin).set_setting("tier_multiplier.auth", 3)
         clock.now = BASE + PERIOD
         assert _limits(workers, **AUTH) == {str(LIMIT * AUTH_MULTIPLIER)}
         clock.now = BASE + 2 * PERIOD - 0.01
@@ -182,9 +175,9 @@ def test_a_setting_written_within_the_margin_waits_for_the_next_boundary(
         assert [_limit(w, **AUTH) for w in workers] == [str(LIMIT * 3)] * 2
 
         clock.now = BASE + 2 * PERIOD + 1
-        assert delete_setting(admin, "tier_multiplier.auth")
-        assert not delete_setting(admin, "tier_multiplier.auth"), "already deleted"
-        assert list_settings(admin) == []
+        assert Admin(admin).delete_setting("tier_multiplier.auth")
+        assert not Admin(admin).delete_setting("tier_multiplier.auth"), "already deleted"
+        assert Admin(admin).settings() == []
         clock.now = BASE + 3 * PERIOD - 0.01
         assert _limits(workers, **AUTH) == {str(LIMIT * 3)}
         clock.now = BASE + 3 * PERIOD
@@ -196,7 +189,7 @@ def test_a_starting_worker_uses_the_newest_settings_at_once(
 ) -> None:
     clock.now = BASE + 0.25
     with quota.connect(db_url, clock=clock) as admin:
-        set_setting(admin, "tier_multiplier.auth", 0.5)
+        Admin(admin).set_setting("tier_multiplier.auth", 0.5)
     assert _limit(make(db_url), **AUTH) == str(LIMIT // 2)
 
 
@@ -246,7 +239,7 @@ def test_an_abuse_threshold_turns_alerts_on_for_an_app_started_without(
 ) -> None:
     clock.now = BASE + 0.25
     with quota.connect(db_url, clock=clock) as admin:
-        set_setting(admin, "abuse_threshold", 1)
+        Admin(admin).set_setting("abuse_threshold", 1)
     client = make(db_url, _config(rates="1/minute", abuse_threshold=0))
     with caplog.at_level(logging.WARNING, logger="quota"):
         statuses = [client.get("/api/items").status for _ in range(4)]
@@ -349,9 +342,9 @@ def test_a_database_not_migrated_to_settings_keeps_its_policies(
     quota.migrate(sql_empty_url, revision="0004_policies")
     clock.now = BASE + 0.25
     with quota.connect(sql_empty_url, clock=clock) as admin:
-        set_policy(admin, PolicyRow(route="api", rates="7/minute"))
+        Admin(admin).set_policy(PolicyRow(route="api", rates="7/minute"))
         with pytest.raises(quota.SchemaError, match="quota_settings comes with revision"):
-            set_setting(admin, "tier_multiplier.auth", 2)
+            Admin(admin).set_setting("tier_multiplier.auth", 2)
     assert _cli(sql_empty_url, "settings")[0] == 3
 
     connect = quota.connect_async if framework == "starlette" else quota.connect
@@ -365,7 +358,7 @@ def test_a_database_not_migrated_to_settings_keeps_its_policies(
             up = not fallback or limiter.store.up
             quota.migrate(sql_empty_url)  # while the app runs
             with quota.connect(sql_empty_url, clock=clock) as admin:
-                set_setting(admin, "tier_multiplier.anon", 2)
+                Admin(admin).set_setting("tier_multiplier.anon", 2)
             clock.advance(PERIOD)
             assert _limit(client) == "14", "the override's base rates, scaled by the setting"
             assert _limit(client, **AUTH) == str(7 * AUTH_MULTIPLIER)
@@ -387,7 +380,7 @@ def test_the_settings_do_not_depend_on_the_policies_table(
     quota.migrate(url)
     clock.now = BASE + 0.25
     with quota.connect(url, clock=clock) as admin:
-        set_setting(admin, "tier_multiplier.auth", 3)
+        Admin(admin).set_setting("tier_multiplier.auth", 3)
     with sqlite3.connect(tmp_path / "q.db") as conn:
         conn.execute("DROP TABLE quota_policies")
     client = make_client(framework, url, clock, _config())
@@ -440,30 +433,30 @@ def test_a_bad_value_is_refused_with_the_configs_message(
 def test_the_api_checks_names_and_values(db_url: str, clock: Clock) -> None:
     with quota.connect(db_url, clock=clock) as limiter:
         with pytest.raises(quota.ConfigurationError, match="unknown setting 'colour'"):
-            set_setting(limiter, "colour", 1)
+            Admin(limiter).set_setting("colour", 1)
         with pytest.raises(quota.ConfigurationError, match="tier must be a non-empty name"):
-            set_setting(limiter, "tier_multiplier.", 1)
+            Admin(limiter).set_setting("tier_multiplier.", 1)
         with pytest.raises(quota.ConfigurationError, match=r"abuse_threshold must be a whole"):
-            set_setting(limiter, "abuse_threshold", -1)
+            Admin(limiter).set_setting("abuse_threshold", -1)
         with pytest.raises(quota.ConfigurationError, match=r"abuse_threshold must be a whole"):
-            set_setting(limiter, "abuse_threshold", True)
-        assert list_settings(limiter) == []
-        assert set_setting(limiter, "tier_multiplier.auth", 1.25) == SettingRow(
+            Admin(limiter).set_setting("abuse_threshold", True)
+        assert Admin(limiter).settings() == []
+        assert Admin(limiter).set_setting("tier_multiplier.auth", 1.25) == SettingRow(
             name="tier_multiplier.auth", value="1.25", updated_at=clock.now
         )
-        set_setting(limiter, "abuse_threshold", "0", note="quiet launch")
-        assert [(r.name, r.value, r.note) for r in list_settings(limiter)] == [
+        Admin(limiter).set_setting("abuse_threshold", "0", note="quiet launch")
+        assert [(r.name, r.value, r.note) for r in Admin(limiter).settings()] == [
             ("abuse_threshold", "0", "quiet launch"), ("tier_multiplier.auth", "1.25", None),
         ]  # fmt: skip
 
 
 def test_old_deletions_are_purged_when_the_table_is_next_edited(db_url: str, clock: Clock) -> None:
     with quota.connect(db_url, clock=clock) as limiter:
-        set_setting(limiter, "tier_multiplier.auth", 2)
-        set_setting(limiter, "tier_multiplier.anon", 2)
-        delete_setting(limiter, "tier_multiplier.auth")
+        Admin(limiter).set_setting("tier_multiplier.auth", 2)
+        Admin(limiter).set_setting("tier_multiplier.anon", 2)
+        Admin(limiter).delete_setting("tier_multiplier.auth")
         clock.advance(3 * 3600)
-        delete_setting(limiter, "tier_multiplier.anon")
+        Admin(limiter).delete_setting("tier_multiplier.anon")
         rows = limiter.store.execute("SELECT name, value FROM quota_settings", ())
         assert [tuple(r) for r in rows] == [("tier_multiplier.anon", None)]
 
@@ -517,7 +510,7 @@ def test_the_downgrade_guard_protects_settings_rows(sql_empty_url: str) -> None:
     quota.downgrade(sql_empty_url, revision="0004_policies")  # empty: no flag needed
     quota.migrate(sql_empty_url)
     with quota.connect(sql_empty_url) as limiter:
-        set_setting(limiter, "abuse_threshold", 5)
+        Admin(limiter).set_setting("abuse_threshold", 5)
     with pytest.raises(quota.ConfigurationError, match=r"quota_settings \(1 rows\)"):
         quota.downgrade(sql_empty_url, revision="0004_policies")
     assert quota.current_revision(sql_empty_url) == REVISIONS[-1]  # nothing changed

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAIRS = {
     "quota/_limiter/sync_face.py": "quota/_limiter/async_face.py",
     "quota/_limiter/drive_sync.py": "quota/_limiter/drive_async.py",
+    "quota/admin/_sync.py": "quota/admin/_async.py",
 }
 
 

@@ -34,3 +34,18 @@ def test_every_name_in_all_exists() -> None:
 
 def test_the_version_matches_the_installed_distribution() -> None:
     assert quota.__version__ == importlib.metadata.version("quota")
+
+
+def test_the_admin_module_exports_exactly_its_public_names() -> None:
+    import quota.admin
+
+    names = {
+        name
+        for name in dir(quota.admin)
+        if not name.startswith("_")
+        and not isinstance(getattr(quota.admin, name), types.ModuleType)
+        and name != "annotations"
+    }
+    assert len(set(quota.admin.__all__)) == len(quota.admin.__all__)
+    assert set(quota.admin.__all__) == names
+    assert {"Admin", "AsyncAdmin", "Health", "PolicyRow", "SettingRow"} <= names

@@ -57,10 +57,10 @@ def test_a_downgrade_that_would_drop_quota_rows_is_refused(sql_own_url: str) -> 
 
 
 def test_policy_rows_are_durable_too(sql_own_url: str) -> None:
-    from quota.http import PolicyRow, set_policy
+    from quota.admin import Admin, PolicyRow
 
     with quota.connect(sql_own_url) as limiter:
-        set_policy(limiter, PolicyRow(route="api", rates="5/minute"))
+        Admin(limiter).set_policy(PolicyRow(route="api", rates="5/minute"))
     with pytest.raises(quota.ConfigurationError, match=r"quota_policies \(1 rows\)"):
         quota.downgrade(sql_own_url, revision="0003_algorithms")
     quota.downgrade(sql_own_url, revision="0003_algorithms", drop_data=True)
@@ -75,13 +75,13 @@ def test_empty_durable_tables_downgrade_without_the_flag(sql_own_url: str) -> No
 def test_deleted_overrides_and_settings_are_no_rows_to_keep(sql_own_url: str) -> None:
     # main: the stamped rows a deletion leaves (for two hours) made the downgrade ask
     # for --drop-data, as if they held data.
-    from quota.http import PolicyRow, delete_policy, delete_setting, set_policy, set_setting
+    from quota.admin import Admin, PolicyRow
 
     with quota.connect(sql_own_url) as limiter:
-        set_policy(limiter, PolicyRow(route="api", rates="5/minute"))
-        set_setting(limiter, "abuse_threshold", "7")
-        assert delete_policy(limiter, "api")
-        assert delete_setting(limiter, "abuse_threshold")
+        Admin(limiter).set_policy(PolicyRow(route="api", rates="5/minute"))
+        Admin(limiter).set_setting("abuse_threshold", "7")
+        assert Admin(limiter).delete_policy("api")
+        assert Admin(limiter).delete_setting("abuse_threshold")
 
     quota.downgrade(sql_own_url, revision="0003_algorithms")
     assert quota.current_revision(sql_own_url) == "0003_algorithms"
@@ -90,11 +90,12 @@ def test_deleted_overrides_and_settings_are_no_rows_to_keep(sql_own_url: str) ->
 def test_route_classes_a_middleware_recorded_are_no_rows_to_keep(sql_own_url: str) -> None:
     # The route_class.<name> rows a middleware writes say which classes it serves
     # (for `quota policy set`'s warning and doctor), not a setting anyone made.
-    from quota.http._runtime import read_op, served_routes
+    from quota._sql.policies import read_op
+    from quota.admin import Admin
 
     with quota.connect(sql_own_url) as limiter:
         limiter.run(read_op(["api", "login"], 1.0))
-        assert sorted(served_routes(limiter)) == ["api", "login"]
+        assert sorted(Admin(limiter).served_routes()) == ["api", "login"]
 
     quota.downgrade(sql_own_url, revision="0004_policies")
     assert quota.current_revision(sql_own_url) == "0004_policies"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from quota._sql.policies import ANY, ROUTE_CLASS, unserved_route
 from quota._tools.doctor.base import OK, WARN, Finding, Session
-from quota.http._runtime import ANY, ROUTE_CLASS, unserved_route
 
 _OVERRIDE_ROUTES = (
     "SELECT route, rates, algorithm, cost, fail_open, exempt FROM quota_policies ORDER BY route"

@@ -44,10 +44,20 @@ from quota._limiter import AsyncLimiter, Limiter
 from quota._stores.url import parse_url
 from quota.contrib.django import conf
 from quota.contrib.django.conf import ImproperlyConfigured
-from quota.http._config import HttpConfig, RoutePolicy
-from quota.http._core import GuardOptions, Verdict, build_guard, drive_sync
-from quota.http._identity import AUTH, Identity, RequestInfo
-from quota.http._responses import HttpResponse, is_preflight, with_cors
+from quota.http import (
+    AUTH,
+    GuardOptions,
+    HttpConfig,
+    HttpResponse,
+    Identity,
+    RequestInfo,
+    RoutePolicy,
+    Verdict,
+    build_guard,
+    drive_sync,
+    is_preflight,
+    with_cors,
+)
 from quota.http.asgi import Limiters, asgi_request, decide
 from quota.http.wsgi import add_headers, wsgi_request
 

@@ -32,7 +32,7 @@ from quota.contrib.django.core import Plan
 from quota.contrib.django.decorators import DECISIONS_ATTRIBUTE
 from quota.contrib.django.exceptions import Ratelimited
 from quota.contrib.django.middleware import to_django
-from quota.http._responses import (
+from quota.http import (
     PROBLEM_JSON,
     RATE_LIMITED,
     PolicyShape,
