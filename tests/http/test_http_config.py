@@ -13,10 +13,10 @@ import dataclasses
 import pytest
 
 import quota
+from quota._sql.policies import parse_setting, setting_text
 from quota.http import ENV_VARS, HttpConfig, RoutePolicy
 from quota.http._config import _CHECKS
 from quota.http._env import FIELD_VARS, ROUTE_VARS
-from quota.http._runtime import _text, parse_setting
 
 FIELDS = {f.name for f in dataclasses.fields(HttpConfig)}
 
@@ -93,7 +93,7 @@ def test_decimal_digits_edge_in_a_variable() -> None:
 def test_a_setting_written_back_reads_again() -> None:
     """The settings table stores every digit of a factor; that text parses again."""
     factor = 0.0012345678901234567
-    text = _text(parse_setting("tier_multiplier.auth", factor))
+    text = setting_text(parse_setting("tier_multiplier.auth", factor))
     assert text == "0.0012345678901234567"
     assert parse_setting("tier_multiplier.auth", text) == factor
 
