@@ -288,14 +288,9 @@ def peek_decision(
     key: str, limit: int, window: int, window_start: int, now: float, count: int
 ) -> Decision:
     """The state of a window without a hit: `allowed` says whether one more would pass."""
-    reset_at = window_start + window
-    remaining = max(0, limit - count)
     if count < limit:
-        return _decision(True, key, limit, remaining, count, window, reset_at, 0)
-    return _decision(
-        False, key, limit, remaining, count, window, reset_at, retry_after(reset_at, now),
-        reset_at - now,
-    )  # fmt: skip
+        return _decision(True, key, limit, limit - count, count, window, window_start + window, 0)
+    return decide_uncounted(key, limit, window, window_start, now, count)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from quota._core import algorithms as _algorithms
@@ -552,12 +551,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
     async def __aenter__(self) -> AsyncLimiter:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         await self.aclose()
 
 

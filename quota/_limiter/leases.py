@@ -21,8 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from quota._core import leases as _leases
 from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout, StorageError
@@ -33,6 +32,7 @@ from quota._wrappers.fallback import StoreDown
 
 log = logging.getLogger("quota")
 Clock = Callable[[], float]
+S = TypeVar("S", SyncStore, AsyncStore)
 
 #: Seconds the renewer thread stays after the last block left (a block entered in that
 #: time reuses it).
@@ -70,7 +70,38 @@ def _lost(request: LeaseRequest, holder: str) -> None:
     )  # fmt: skip
 
 
-class Concurrency:
+def _not_freed(request: LeaseRequest) -> None:
+    """Log a release that failed (from an ``except`` block): the block's own outcome
+    stands; the lease runs out by itself."""
+    log.warning(
+        "quota: could not free the concurrency slot of %r; it frees itself in %gs",
+        request.key, request.lease, exc_info=True,
+    )  # fmt: skip
+
+
+def _not_abandoned(request: LeaseRequest, exc: Exception) -> None:
+    """Log a failed take's slot that could not be freed: one line, since the take's own
+    error, raised to the caller, says the rest."""
+    log.warning(
+        "quota: could not free a concurrency slot a failed take of %r may hold"
+        " (%s); it frees itself in %gs",
+        request.key, exc, request.lease,
+    )  # fmt: skip
+
+
+class _Block(Generic[S]):
+    """What both faces' blocks hold: the request, the slot and holder once entered, and
+    the store and clock they take it with."""
+
+    def __init__(self, store: S, clock: Clock, request: LeaseRequest) -> None:
+        self.request = request
+        self.slot: int | None = None
+        self.holder: str | None = None
+        self._store: S = store
+        self._clock = clock
+
+
+class Concurrency(_Block[SyncStore]):
     """One slot of a key's `limit`, held for a ``with`` block (`Limiter.concurrency`).
 
     ``__enter__`` raises `RateLimitTimeout` when no slot came free within `timeout`,
@@ -78,13 +109,6 @@ class Concurrency:
     freed first), `ConfigurationError` when this object is already inside its block.
     ``slot`` and ``holder`` say what is held, inside the block.
     """
-
-    def __init__(self, store: SyncStore, clock: Clock, request: LeaseRequest) -> None:
-        self.request = request
-        self.slot: int | None = None
-        self.holder: str | None = None
-        self._store = store
-        self._clock = clock
 
     def __enter__(self) -> Concurrency:
         request = self.request
@@ -122,12 +146,7 @@ class Concurrency:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         slot, holder = self.slot, self.holder
         if slot is None or holder is None:
             return
@@ -138,11 +157,7 @@ class Concurrency:
                 _sql.LEASE_RELEASE, _leases.release_params(self.request, slot, holder)
             )
         except QuotaError:
-            # The block's own outcome stands; the lease runs out by itself.
-            log.warning(
-                "quota: could not free the concurrency slot of %r; it frees itself in %gs",
-                self.request.key, self.request.lease, exc_info=True,
-            )  # fmt: skip
+            _not_freed(self.request)
 
     def _abandon(self, holder: str) -> None:
         try:
@@ -150,12 +165,7 @@ class Concurrency:
                 _sql.LEASE_ABANDON, _leases.abandon_params(self.request, holder)
             )
         except Exception as exc:
-            # One line: the take's own error, raised to the caller, says the rest.
-            log.warning(
-                "quota: could not free a concurrency slot a failed take of %r may hold"
-                " (%s); it frees itself in %gs",
-                self.request.key, exc, self.request.lease,
-            )  # fmt: skip
+            _not_abandoned(self.request, exc)
 
     def _renew(self, slot: int, holder: str) -> bool | None:
         """Move the lease on: True, False when it is no longer this holder's, None on an error."""
@@ -241,7 +251,7 @@ def _renewer() -> _Renewer:
 _late: set[asyncio.Future[Any]] = set()
 
 
-class AsyncConcurrency:
+class AsyncConcurrency(_Block[AsyncStore]):
     """One slot of a key's `limit`, held for an ``async with`` block (`AsyncLimiter.concurrency`).
 
     Raises as `Concurrency` does. Cancelled while waiting, it frees whatever the
@@ -249,13 +259,7 @@ class AsyncConcurrency:
     once.
     """
 
-    def __init__(self, store: AsyncStore, clock: Clock, request: LeaseRequest) -> None:
-        self.request = request
-        self.slot: int | None = None
-        self.holder: str | None = None
-        self._store = store
-        self._clock = clock
-        self._renewal: asyncio.Task[None] | None = None
+    _renewal: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncConcurrency:
         request = self.request
@@ -307,12 +311,7 @@ class AsyncConcurrency:
                 _sql.LEASE_ABANDON, _leases.abandon_params(self.request, holder)
             )
         except Exception as exc:
-            # One line: the take's own error, raised to the caller, says the rest.
-            log.warning(
-                "quota: could not free a concurrency slot a failed take of %r may hold"
-                " (%s); it frees itself in %gs",
-                self.request.key, exc, self.request.lease,
-            )  # fmt: skip
+            _not_abandoned(self.request, exc)
 
     async def _renew(self, slot: int, holder: str) -> None:
         period = self.request.lease / _leases.RENEWALS
@@ -331,12 +330,7 @@ class AsyncConcurrency:
                 return
             delay = period
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         slot, holder, renewal = self.slot, self.holder, self._renewal
         if slot is None or holder is None:
             return
@@ -357,7 +351,4 @@ class AsyncConcurrency:
                 _sql.LEASE_RELEASE, _leases.release_params(self.request, slot, holder)
             )
         except QuotaError:
-            log.warning(
-                "quota: could not free the concurrency slot of %r; it frees itself in %gs",
-                self.request.key, self.request.lease, exc_info=True,
-            )  # fmt: skip
+            _not_freed(self.request)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from quota._core import algorithms as _algorithms
@@ -550,12 +549,7 @@ class Limiter(LimiterBase[SyncStore]):
     def __enter__(self) -> Limiter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         self.close()
 
 

@@ -152,10 +152,6 @@ class MemoryStore:
             _sql.GCRA: self._gcra,
             _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
             _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
-            _sql.UNDO_FIXED_WINDOW: self._undo_fixed,
-            _sql.UNDO_SLIDING_WINDOW: self._undo_sliding,
-            _sql.UNDO_TOKEN_BUCKET: self._undo_bucket,
-            _sql.UNDO_GCRA: self._undo_gcra,
             _sql.LEASE_ACQUIRE: self._lease_acquire,
             _sql.LEASE_RENEW: self._lease_renew,
             _sql.LEASE_RELEASE: self._lease_release,
@@ -165,6 +161,8 @@ class MemoryStore:
             _sql.LEASE_COUNT_EXPIRED: self._lease_count_expired,
             _sql.LEASE_DELETE_EXPIRED: self._lease_delete_expired,
         }
+        for statement, (state, give_back) in _UNDO.items():
+            statements[statement] = functools.partial(self._undo, state, give_back)
         self._leases = table.leases
         #: Statement name -> handler: every statement this store keeps.
         self._handlers = handlers(statements)
@@ -375,39 +373,13 @@ class MemoryStore:
 
     # -- giving a hit back: quota._sql.statements' UNDO_* as the SQL runs them -------------------
 
-    def _undo_row(self, params: Mapping[str, Any], *, state: bool) -> list[Any] | None:
+    def _undo(self, state: bool, give_back: _GiveBack, params: Mapping[str, Any]) -> Rows:
+        """Give a hit back to the row of `params` (`give_back`, one per algorithm): the
+        value after, or no row when there is none of that kind (`state`)."""
         row = self._rows.get(params["bucket_key"])
-        return None if row is None or row[_STATE] is not state else row
-
-    def _undo_fixed(self, params: Mapping[str, Any]) -> Rows:
-        row = self._undo_row(params, state=False)
-        if row is None:
+        if row is None or row[_STATE] is not state:
             return ()
-        row[_VALUE] = max(row[_VALUE] - params["cost"], 0)
-        return ((row[_VALUE],),)
-
-    def _undo_sliding(self, params: Mapping[str, Any]) -> Rows:
-        row = self._undo_row(params, state=True)
-        if row is None:
-            return ()
-        if row[_STAMP] == params["stamp"]:
-            row[_VALUE] = max(row[_VALUE] - params["cost"], 0.0)
-        elif row[_STAMP] == params["stamp"] + params["window"]:
-            row[_PREV] = max(row[_PREV] - params["cost"], 0.0)
-        return ((row[_VALUE],),)
-
-    def _undo_bucket(self, params: Mapping[str, Any]) -> Rows:
-        row = self._undo_row(params, state=True)
-        if row is None:
-            return ()
-        row[_VALUE] = min(row[_VALUE] + params["cost"], params["capacity"])
-        return ((row[_VALUE],),)
-
-    def _undo_gcra(self, params: Mapping[str, Any]) -> Rows:
-        row = self._undo_row(params, state=True)
-        if row is None:
-            return ()
-        row[_VALUE] = row[_VALUE] - params["increment"]
+        give_back(row, params)
         return ((row[_VALUE],),)
 
     # -- concurrency leases: quota._sql.statements' LEASE_* as the SQL runs them ---------------
@@ -498,6 +470,37 @@ class MemoryStore:
         for key, slot in doomed:
             self._drop_lease(key, slot)
         return [(1,)] * len(doomed)
+
+
+_GiveBack = Callable[[list[Any], Mapping[str, Any]], None]
+
+
+def _undo_fixed(row: list[Any], params: Mapping[str, Any]) -> None:
+    row[_VALUE] = max(row[_VALUE] - params["cost"], 0)
+
+
+def _undo_sliding(row: list[Any], params: Mapping[str, Any]) -> None:
+    if row[_STAMP] == params["stamp"]:
+        row[_VALUE] = max(row[_VALUE] - params["cost"], 0.0)
+    elif row[_STAMP] == params["stamp"] + params["window"]:
+        row[_PREV] = max(row[_PREV] - params["cost"], 0.0)
+
+
+def _undo_bucket(row: list[Any], params: Mapping[str, Any]) -> None:
+    row[_VALUE] = min(row[_VALUE] + params["cost"], params["capacity"])
+
+
+def _undo_gcra(row: list[Any], params: Mapping[str, Any]) -> None:
+    row[_VALUE] = row[_VALUE] - params["increment"]
+
+
+#: Each UNDO_* statement: whether it gives back to algorithm state (else to a counter), and how.
+_UNDO: dict[Statement, tuple[bool, _GiveBack]] = {
+    _sql.UNDO_FIXED_WINDOW: (False, _undo_fixed),
+    _sql.UNDO_SLIDING_WINDOW: (True, _undo_sliding),
+    _sql.UNDO_TOKEN_BUCKET: (True, _undo_bucket),
+    _sql.UNDO_GCRA: (True, _undo_gcra),
+}
 
 
 class AsyncMemoryStore:

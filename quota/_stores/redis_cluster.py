@@ -57,8 +57,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
@@ -284,23 +285,15 @@ class RedisClusterStore(_ClusterStore, RedisStore):
 
     def _send(self, name: str, args: tuple[Any, ...]) -> Any:
         client = self._connected()
-        if name == "PING":  # the fallback's probe: every master must answer
-            return client.execute_command("PING", target_nodes=client.PRIMARIES)
-        if name == "SCRIPT" and str(args[0]).upper() == "LOAD":
-            return client.script_load(args[1])  # on every master; one SHA back
-        if name == "MGET":
-            return client.mget_nonatomic(list(args))
-        if name == PRIMARIES:
-            return [node.name for node in client.get_primaries()]
-        if name == NODE_SCAN:
-            node = client.get_node(node_name=args[0])
-            if node is None:
-                raise _gone(args[0])
-            cursors, keys = client.execute_command("SCAN", *args[1:], target_nodes=node)
-            return cursors[node.name], keys
+        if name == PRIMARIES:  # no round trip: the client knows them
+            return _primaries(client)
         if name == PIPELINE:
             return self._pipeline(client, list(args))
-        return self._keyed(client, name, args)
+        routed = _routed(client, name, args)
+        if routed is None:
+            return self._keyed(client, name, args)
+        call, answer = routed
+        return answer(call())
 
     def _keyed(self, client: Any, name: str, args: tuple[Any, ...]) -> Any:
         """A command routed by its keys. A node that lost our script (flushed, restarted, a
@@ -394,23 +387,15 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
         # client's lock: tasks racing into redis.asyncio's lazy discovery with their
         # commands can lose their connections to each other.
         await client.initialize()
-        if name == "PING":
-            return await client.execute_command("PING", target_nodes=client.PRIMARIES)
-        if name == "SCRIPT" and str(args[0]).upper() == "LOAD":
-            return await client.script_load(args[1])
-        if name == "MGET":
-            return await client.mget_nonatomic(list(args))
         if name == PRIMARIES:
-            return [node.name for node in client.get_primaries()]
-        if name == NODE_SCAN:
-            node = client.get_node(node_name=args[0])
-            if node is None:
-                raise _gone(args[0])
-            cursors, keys = await client.execute_command("SCAN", *args[1:], target_nodes=node)
-            return cursors[node.name], keys
+            return _primaries(client)
         if name == PIPELINE:
             return await self._pipeline(list(args))
-        return await self._keyed(name, args)
+        routed = _routed(client, name, args)
+        if routed is None:
+            return await self._keyed(name, args)
+        call, answer = routed
+        return answer(await call())
 
     async def _keyed(self, name: str, args: tuple[Any, ...]) -> Any:
         """See `RedisClusterStore._keyed`."""
@@ -570,6 +555,39 @@ def _track_dropped_nodes(manager: Any) -> None:
         tracking = type(f"Tracking{base.__name__}", (base,), attributes)
         _TRACKING[base] = tracking
     manager.__class__ = tracking
+
+
+#: A cluster call to make (its result awaited on the async client), and what to make of
+#: its answer.
+_Routed = tuple[Callable[[], Any], Callable[[Any], Any]]
+
+
+def _routed(client: Any, name: str, args: tuple[Any, ...]) -> _Routed | None:
+    """How a command not routed by its keys reaches the cluster, the same for both
+    clients; None for a command routed by its keys (and for a pipeline, and `PRIMARIES`)."""
+    if name == "PING":  # the fallback's probe: every master must answer
+        call = functools.partial(client.execute_command, "PING", target_nodes=client.PRIMARIES)
+    elif name == "SCRIPT" and str(args[0]).upper() == "LOAD":
+        call = functools.partial(client.script_load, args[1])  # on every master; one SHA back
+    elif name == "MGET":
+        call = functools.partial(client.mget_nonatomic, list(args))
+    elif name == NODE_SCAN:
+        node = client.get_node(node_name=args[0])
+        if node is None:
+            raise _gone(args[0])
+        scan = functools.partial(client.execute_command, "SCAN", *args[1:], target_nodes=node)
+        return scan, lambda answer: (answer[0][node.name], answer[1])
+    else:
+        return None
+    return call, _as_is
+
+
+def _primaries(client: Any) -> list[str]:
+    return [node.name for node in client.get_primaries()]
+
+
+def _as_is(answer: Any) -> Any:
+    return answer
 
 
 def _gone(node: str) -> Exception:

@@ -24,12 +24,13 @@ a slot costs a call that need not wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sqlite3
 import statistics
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,24 @@ async def _tasks(
     start = time.perf_counter()
     counts: list[int] = await asyncio.gather(*(work(i, go) for i in range(concurrency)))
     return sum(counts) / (time.perf_counter() - start)
+
+
+@contextlib.asynccontextmanager
+async def _pg_connections(
+    target: str, concurrency: int, **settings: Any
+) -> AsyncIterator[list[Any]]:
+    """`concurrency` asyncpg connections to `target` (with asyncpg's `settings`), one per
+    task of a bare run, closed on the way out."""
+    import asyncpg
+
+    connections: list[Any] = []
+    try:
+        for _ in range(concurrency):
+            connections.append(await asyncpg.connect(target, **settings))
+        yield connections
+    finally:
+        for c in connections:
+            await c.close()
 
 
 def _bare_params(key: str) -> tuple[Any, ...]:
@@ -410,13 +429,10 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
                 return n
 
             return await _tasks(concurrency, duration, work)
-    import asyncpg
-
     cache = 100 if parsed.prepared_statements else 0
-    connections = [
-        await asyncpg.connect(parsed.target, statement_cache_size=cache) for _ in range(concurrency)
-    ]
-    try:
+    async with _pg_connections(
+        parsed.target, concurrency, statement_cache_size=cache
+    ) as connections:
         sql = _sql.render(_sql.HIT, "numeric_dollar")
         if parsed.prepared_statements:
             statements = [await c.prepare(sql) for c in connections]
@@ -438,9 +454,6 @@ async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: f
                 return n
 
         return await _tasks(concurrency, duration, pg_work)
-    finally:
-        for c in connections:
-            await c.close()
 
 
 def run_bench(

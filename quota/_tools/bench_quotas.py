@@ -31,7 +31,7 @@ from quota._sql import quotas as q
 from quota._sql import statements as _sql
 from quota._stores.sqlite import aset_up, set_up
 from quota._stores.url import StoreURL
-from quota._tools.bench import _key_stream, _tasks, _threads
+from quota._tools.bench import _key_stream, _pg_connections, _tasks, _threads
 
 SCENARIOS = ("rate", "quota", "check")
 LIMIT = 2**60
@@ -229,10 +229,7 @@ async def async_bare(
                 return n
 
             return await _tasks(concurrency, duration, work)
-    import asyncpg
-
-    connections = [await asyncpg.connect(parsed.target) for _ in range(concurrency)]
-    try:
+    async with _pg_connections(parsed.target, concurrency) as connections:
 
         async def pg_work(i: int, go: Callable[[], bool]) -> int:
             conn, calls, n = connections[i], _Calls(scenario, keys, i), 0
@@ -252,9 +249,6 @@ async def async_bare(
             return n
 
         return await _tasks(concurrency, duration, pg_work)
-    finally:
-        for c in connections:
-            await c.close()
 
 
 def measure(

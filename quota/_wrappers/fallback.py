@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from quota._core.errors import ConfigurationError, QuotaError, SchemaError, StorageError
 from quota._sql import statements as _sql
@@ -42,6 +42,7 @@ from quota._wrappers.batching import batch_statement, most_per_batch
 from quota._wrappers.metrics import Metrics
 
 T = TypeVar("T")
+S = TypeVar("S", SyncStore, AsyncStore)
 log = logging.getLogger("quota")
 
 
@@ -380,21 +381,26 @@ def _write_one_by_one(
     return written
 
 
-class ResilientStore:
-    """A sync store that never raises `StorageError`: memory decides while the database is down."""
+class _Resilient(Generic[S]):
+    """What both faces share: the store, its memory stand-in, their health, the size of
+    the write-back batches and how long a call may run."""
 
     def __init__(
-        self, primary: SyncStore, memory: SyncStore, settings: Fallback, url: str,
-        metrics: Metrics | None = None,
-    ) -> None:  # fmt: skip
-        self.primary = primary
-        self.memory = memory
-        self.dialect = primary.dialect
+        self, primary: S, memory: S, settings: Fallback, url: str, metrics: Metrics | None = None
+    ) -> None:
+        self.primary: S = primary
+        self.memory: S = memory
+        self.dialect: str = primary.dialect
         self.health = _Health(url, settings, _drop_counter(metrics))
-        self._hung_after = HUNG_AFTER_BUDGETS * settings.timeout
         self._batch_rows = write_back_rows(primary.dialect, settings)
-        self._probe: threading.Thread | None = None
+        self._hung_after = HUNG_AFTER_BUDGETS * settings.timeout
         self._closed = threading.Event()
+
+
+class ResilientStore(_Resilient[SyncStore]):
+    """A sync store that never raises `StorageError`: memory decides while the database is down."""
+
+    _probe: threading.Thread | None = None
 
     @property
     def up(self) -> bool:
@@ -535,23 +541,18 @@ class _Deadlines:
             self._timer = None
 
 
-class AsyncResilientStore:
-    """The async twin of `ResilientStore`; its probe is a task on the running loop."""
+class AsyncResilientStore(_Resilient[AsyncStore]):
+    """`ResilientStore` for an async store; its probe is a task on the running loop."""
 
     def __init__(
         self, primary: AsyncStore, memory: AsyncStore, settings: Fallback, url: str,
         metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
-        self.primary = primary
-        self.memory = memory
-        self.dialect = primary.dialect
-        self.health = _Health(url, settings, _drop_counter(metrics))
-        self._batch_rows = write_back_rows(primary.dialect, settings)
+        super().__init__(primary, memory, settings, url, metrics)
         self._probe: asyncio.Task[None] | None = None
         self._warm: asyncio.Task[Rows] | None = None
         self._warm_due = 0.0  # the loop's time by which the first connection must be up
-        self._closed = False
-        self._deadlines = _Deadlines(HUNG_AFTER_BUDGETS * settings.timeout)
+        self._deadlines = _Deadlines(self._hung_after)
 
     @property
     def up(self) -> bool:
@@ -657,12 +658,12 @@ class AsyncResilientStore:
         return await self.primary.run(op, transaction=transaction, maintenance=maintenance)
 
     def _down(self, exc: BaseException) -> None:
-        if self.health.mark_down(exc) and not self._closed:
+        if self.health.mark_down(exc) and not self._closed.is_set():
             self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
     async def _probe_loop(self) -> None:
         """`ResilientStore._probe_loop`, as a task."""
-        while not self._closed:
+        while not self._closed.is_set():
             await asyncio.sleep(self.health.settings.probe_interval)
             if asyncio.current_task() is not self._probe:
                 return  # a newer outage has a probe of its own
@@ -679,12 +680,12 @@ class AsyncResilientStore:
     async def _write_owed(self) -> int | None:
         """`ResilientStore._write_owed`."""
         return await adrive(
-            _write_back(self.health, self.dialect, self._batch_rows, lambda: self._closed),
+            _write_back(self.health, self.dialect, self._batch_rows, self._closed.is_set),
             self.primary.execute,
         )
 
     async def aclose(self) -> None:
-        self._closed = True
+        self._closed.set()
         self._deadlines.close()
         for task in (self._probe, self._warm):
             if task is not None and not task.done():

@@ -45,7 +45,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from quota._core.decision import check_int
 from quota._core.errors import ConfigurationError, QuotaError, SchemaError
@@ -53,6 +53,7 @@ from quota._sql.statements import Statement
 from quota._stores.base import AsyncStore, Op, Rows, SyncStore
 
 T = TypeVar("T")
+S = TypeVar("S", SyncStore, AsyncStore)
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -403,17 +404,22 @@ class _Timed:
             self._metrics.record_store_error(_kind(exc))
 
 
-class MeteredStore:
-    """A sync store wrapper timing every statement and counting failures into `Metrics`."""
+class _Metered(Generic[S]):
+    """What both faces' wrappers share: the wrapped store, the metrics, the dialect; each
+    face times its own calls with `_Timed`."""
 
-    def __init__(self, store: SyncStore, metrics: Metrics) -> None:
-        self.store = store
+    def __init__(self, store: S, metrics: Metrics) -> None:
+        self.store: S = store
         self.metrics = metrics
-        self.dialect = store.dialect
+        self.dialect: str = store.dialect
 
     @property
     def up(self) -> bool:
         return self.store.up
+
+
+class MeteredStore(_Metered[SyncStore]):
+    """A sync store wrapper timing every statement and counting failures into `Metrics`."""
 
     def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         with _Timed(self.metrics):
@@ -430,17 +436,8 @@ class MeteredStore:
         self.store.close()
 
 
-class AsyncMeteredStore:
-    """The async twin of `MeteredStore`."""
-
-    def __init__(self, store: AsyncStore, metrics: Metrics) -> None:
-        self.store = store
-        self.metrics = metrics
-        self.dialect = store.dialect
-
-    @property
-    def up(self) -> bool:
-        return self.store.up
+class AsyncMeteredStore(_Metered[AsyncStore]):
+    """`MeteredStore` for an async store."""
 
     async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
         with _Timed(self.metrics):

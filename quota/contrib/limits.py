@@ -405,7 +405,16 @@ def _now() -> float:
 # -- the two faces: thin drivers ----------------------------------------------------
 
 
-class QuotaStorage(Storage, SlidingWindowCounterSupport, TimestampedSlidingWindow):
+class _QuotaErrors:
+    """What both storages raise for a failing store: limits wraps it when asked
+    (``wrap_exceptions=True``)."""
+
+    @property
+    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
+        return StorageError
+
+
+class QuotaStorage(_QuotaErrors, Storage, SlidingWindowCounterSupport, TimestampedSlidingWindow):
     """A `limits` storage on a `quota` database, for synchronous code. Thread-safe.
 
     Built by `limits.storage.storage_from_string` from ``quota+<quota url>``.
@@ -420,10 +429,6 @@ class QuotaStorage(Storage, SlidingWindowCounterSupport, TimestampedSlidingWindo
         self.limiter: Limiter = connect(quota_url(uri, SYNC_PREFIX), **_connect_options(options))
         """The quota limiter whose store holds the counters."""
         self._table = _TableCheck()
-
-    @property
-    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
-        return StorageError
 
     @property
     def storage(self) -> SyncStore:
@@ -490,7 +495,9 @@ class QuotaStorage(Storage, SlidingWindowCounterSupport, TimestampedSlidingWindo
         self.limiter.close()
 
 
-class AsyncQuotaStorage(AsyncStorage, AsyncSlidingWindowCounterSupport, TimestampedSlidingWindow):
+class AsyncQuotaStorage(
+    _QuotaErrors, AsyncStorage, AsyncSlidingWindowCounterSupport, TimestampedSlidingWindow
+):
     """A `limits.aio` storage on a `quota` database; see `QuotaStorage`.
 
     Built from ``async+quota+<quota url>``. It belongs to the event loop that
@@ -506,10 +513,6 @@ class AsyncQuotaStorage(AsyncStorage, AsyncSlidingWindowCounterSupport, Timestam
         )
         """The quota limiter whose store holds the counters."""
         self._table = _TableCheck()
-
-    @property
-    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
-        return StorageError
 
     @property
     def storage(self) -> AsyncStore:

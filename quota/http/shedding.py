@@ -27,7 +27,6 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from quota._core.decision import check_int
@@ -229,24 +228,14 @@ class ConcurrencyGuard:
         self._push()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         self._pop()
 
     async def __aenter__(self) -> ConcurrencyGuard:
         self._push()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         self._pop()
 
     @overload
