@@ -57,8 +57,10 @@ def _may_have_taken(exc: BaseException) -> bool:
 
 def _starting(store: SyncStore | AsyncStore, exc: StoreDown) -> bool:
     """Whether a fallback refused a take only because its store is not connected yet
-    (it is not down): worth trying again while the wait lasts."""
-    return exc.__cause__ is None and store.up
+    (it is not down): worth trying again while the wait lasts. The store's `up` is
+    False while it connects, so its health (not marked down) tells."""
+    health = getattr(store, "health", None)
+    return exc.__cause__ is None and health is not None and health.up
 
 
 def _lost(request: LeaseRequest, holder: str) -> None:

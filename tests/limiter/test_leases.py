@@ -314,7 +314,9 @@ def test_entering_and_leaving_cost_two_statements(
 
 _OPTIONS = {
     "database-clock": {"clock": "database"},
-    "fallback": {"fallback": True},
+    # A budget a loaded machine's first connection keeps to: what is checked is a
+    # block under a fallback, not the budget (tests/wrappers cover that).
+    "fallback": {"fallback": quota.Fallback(timeout=2.0)},
     "batching": {"batching": True},
 }
 
@@ -720,3 +722,27 @@ def test_quota_top_and_peek_show_leases(sqlite_url: str) -> None:
     assert code == 0 and "'job': no window running" in out
     code, out = run("peek", "job", "--window", "60")
     assert code == 2 and "--limit and --window together" in out
+
+
+@pytest.mark.postgres
+def test_an_async_block_waits_for_a_fallback_store_still_making_its_first_connection(
+    pg_url: str,
+) -> None:
+    """The first connection answers after one budget (not two: the store is not down): a
+    block waits for it, as for a slot, rather than raising `StoreDown`."""
+    from tests.wrappers.test_hung_paths import proxied
+
+    budget = 0.5
+
+    async def main(hold: Any) -> int:
+        fallback = quota.Fallback(timeout=budget, probe_interval=0.2)
+        async with quota.connect_async(url, fallback=fallback, pool_size=1) as limiter:
+            hold.hold_answers()
+            asyncio.get_running_loop().call_later(1.2 * budget, hold.holding.clear)
+            async with limiter.concurrency(f"warming-{uuid.uuid4().hex}", 1, timeout=5) as block:
+                assert limiter.store.up  # type: ignore[attr-defined]
+                assert block.slot is not None
+                return block.slot
+
+    with proxied(pg_url) as (proxy, url):
+        assert asyncio.run(asyncio.wait_for(main(proxy), 20)) >= 0
