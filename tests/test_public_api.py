@@ -34,3 +34,12 @@ def test_every_name_in_all_exists() -> None:
 
 def test_the_version_matches_the_installed_distribution() -> None:
     assert quota.__version__ == importlib.metadata.version("quota")
+
+
+def test_load_shedding_lives_in_the_http_package() -> None:
+    """The shedding guard and middleware are HTTP pieces: `quota.http.shedding`, not `quota`."""
+    from quota.http import shedding
+
+    for name in ("ConcurrencyGuard", "SheddingMiddleware"):
+        assert not hasattr(quota, name)
+        assert isinstance(getattr(shedding, name), type)

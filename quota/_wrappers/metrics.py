@@ -100,7 +100,7 @@ class Metrics:
     """Thread-safe in-process counters; see the module docstring for names and labels.
 
     One instance per process (or per limiter) is the usual setup; pass it to
-    the limiter, `quota.ConcurrencyGuard` and `quota.AbuseDetector`.
+    the limiter, `quota.http.shedding.ConcurrencyGuard` and `quota.AbuseDetector`.
     """
 
     def __init__(self, *, max_series: int = 1000) -> None:
