@@ -25,7 +25,7 @@ from dataclasses import asdict
 import click
 
 import quota
-from quota._stores.url import SCHEMALESS
+from quota._core.url import SCHEMALESS
 from quota.http import (
     PolicyRow,
     delete_policy,

@@ -9,7 +9,7 @@
   `OptionsDict` that types them names the same fields with the same types,
   and ``options=Options(...)`` is the other way to pass them.
 * `STORES` opens a store for every dialect a URL scheme can name: it and
-  `quota._stores.url.DIALECTS` (schemes and drivers) name the same dialects.
+  `quota._core.url.DIALECTS` (schemes and drivers) name the same dialects.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 import quota
+from quota._core.url import DIALECTS, KNOWN_SCHEMES, parse_url
 from quota._limiter.base import STORES, OptionsDict
-from quota._stores.url import DIALECTS, KNOWN_SCHEMES, parse_url
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Each file unasyncd generates, and its async source ([tool.unasyncd.files]).

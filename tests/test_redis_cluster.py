@@ -25,9 +25,9 @@ import pytest
 
 import quota
 from quota import Fallback
+from quota._core.url import SCHEMALESS, parse_url
 from quota._stores import redis as _redis
 from quota._stores.redis_cluster import parse_cluster_url
-from quota._stores.url import SCHEMALESS, parse_url
 from tests._redis_cluster import RedisCluster, find_binaries, running_cluster
 from tests._support import T0, Backend, Clock
 from tests.conftest import ENV_REQUIRE

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from quota._core.url import parse_url
 from quota._limiter.async_face import AsyncLimiter, open_async_store
 from quota._limiter.base import STORES, Options, OptionsDict, options_from
 from quota._limiter.sync_face import Limiter, open_sync_store
-from quota._stores.url import parse_url
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -25,9 +25,9 @@ from typing import Any, Generic, TypedDict, TypeVar
 from quota._core.algorithms import Rate, open_decision
 from quota._core.decision import MAX_LIMIT, Decision, check_int, check_now
 from quota._core.errors import ConfigurationError
+from quota._core.url import SCHEMALESS, StoreURL, check_schema
 from quota._stores.base import AsyncStore, SyncStore
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT
-from quota._stores.url import SCHEMALESS, StoreURL, check_schema
 from quota._wrappers.abuse import AbuseDetector
 from quota._wrappers.batching import DEFAULT_MAX_BATCH, PIPELINED_DIALECTS
 from quota._wrappers.fallback import Fallback, retry_after_down
@@ -506,7 +506,7 @@ class Backend:
         return self.asynchronous(parsed, options)
 
 
-#: Every store quota opens, keyed by the dialects of `quota._stores.url.DIALECTS` (the one
+#: Every store quota opens, keyed by the dialects of `quota._core.url.DIALECTS` (the one
 #: table of URL schemes and drivers; `parse_url` rejects an unknown scheme, listing the
 #: known ones). tests/test_generated.py checks that the two tables name the same dialects.
 STORES: dict[str, Backend] = {

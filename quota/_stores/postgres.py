@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import asyncpg
 
 from quota._core.errors import ConfigurationError, QuotaError, StorageError
+from quota._core.url import redact
 from quota._sql import partitions as _partitions
 from quota._sql import statements as _sql
 from quota._sql.schema import accepted_version, check_version, missing_objects_error
 from quota._sql.statements import Statement
 from quota._stores.base import Op, Rows, adrive, call_deadline, drive
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT, SyncPool
-from quota._stores.url import redact
 
 if TYPE_CHECKING:
     import psycopg

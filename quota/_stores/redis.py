@@ -48,11 +48,10 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from quota._core.errors import ConfigurationError, StorageError
+from quota._core.url import redact
 from quota._sql import statements as _sql
-from quota._sql.statements import Statement
+from quota._sql.statements import BATCH_HIT_REDIS, Statement
 from quota._stores.base import Op, Rows, adrive, drive, handlers, unsupported
-from quota._stores.url import redact
-from quota._wrappers.batching import BATCH_HIT_REDIS
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ another kind of store, not an option of one server. It takes a list of hosts
 (which no ``redis://`` URL parser accepts), it has no database number, and it
 runs through other clients (redis-py's ``RedisCluster``) with other
 commands for ``top``; the scheme is what picks the store
-(`quota._stores.url.DIALECTS`), so it shows in logs, ``quota doctor`` and
+(`quota._core.url.DIALECTS`), so it shows in logs, ``quota doctor`` and
 ``bench`` as what it is. It is also the spelling the ``limits`` library uses.
 ``redis://…?cluster=true`` and a host list on ``redis://`` are
 `ConfigurationError`\\ s that point here.
@@ -64,6 +64,7 @@ from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from quota._core.errors import ConfigurationError
+from quota._core.url import redact
 from quota._stores.redis import (
     SCRIPTS,
     SHAS,
@@ -78,7 +79,6 @@ from quota._stores.redis import (
     split_url,
 )
 from quota._stores.redis import _bad_url as _redis_bad_url
-from quota._stores.url import redact
 
 DEFAULT_PORT = 6379
 #: Pseudo-commands of `ClusterPlan`, answered by the store from its client's slot map.

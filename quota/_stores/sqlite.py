@@ -136,7 +136,7 @@ def _version_after_error(url: str) -> Rows | None:
     "no such table" (one open and one SELECT on the error path); None if unreadable."""
     from pathlib import Path
 
-    from quota._stores.url import parse_url
+    from quota._core.url import parse_url
 
     try:
         uri = Path(parse_url(url).target).absolute().as_uri() + "?mode=ro"

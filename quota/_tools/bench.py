@@ -36,6 +36,7 @@ from typing import Any
 from quota._core.algorithms import FIXED_WINDOW, Rate, check_algorithm
 from quota._core.decision import stored_key
 from quota._core.errors import ConfigurationError
+from quota._core.url import SCHEMALESS, StoreURL, parse_url
 from quota._limiter import connect, connect_async
 from quota._sql import ops as _ops
 from quota._sql import statements as _sql
@@ -43,7 +44,6 @@ from quota._sql.migrate import migrate
 from quota._sql.statements import Statement
 from quota._stores.base import Rows, Step
 from quota._stores.sqlite import aset_up, set_up
-from quota._stores.url import SCHEMALESS, StoreURL, parse_url
 
 WINDOW = 3600
 LIMIT = 2**60

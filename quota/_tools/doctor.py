@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from quota._core.errors import ConfigurationError
+from quota._core.url import StoreURL, default_url, parse_url, redact
 from quota._sql.partitions import DEFAULT_PARTITION
 from quota._sql.schema import (
     EPHEMERAL_TABLES,
@@ -46,7 +47,6 @@ from quota._sql.schema import (
     normalize_sql,
 )
 from quota._sql.statements import DB_NOW, SCHEMA_VERSION, VERSION_TABLE
-from quota._stores.url import StoreURL, default_url, parse_url, redact
 from quota.http._runtime import ANY, ROUTE_CLASS, unserved_route
 
 OK = "ok"

@@ -75,7 +75,7 @@ from typing import Any, TypeVar
 
 from quota._core.errors import StorageError
 from quota._sql import statements as _sql
-from quota._sql.statements import Statement
+from quota._sql.statements import BATCH_HIT, BATCH_HIT_REDIS, Statement
 from quota._stores.base import AsyncStore, InlineStore, Op, Rows, Step, SyncStore, call_deadline
 
 T = TypeVar("T")
@@ -100,14 +100,9 @@ _UPSERT = (
     " RETURNING bucket_key, count"
 )
 
-#: The name of every batch statement.
-BATCH_HIT = "hit_batch"
 #: Dialects whose batch is a pipeline of the one-by-one hits (`BATCH_HIT_REDIS`), whose
 #: rows are each hit's own count, in the order of the hits.
 PIPELINED_DIALECTS = frozenset({"redis", "redis-cluster"})
-#: Redis's batch: no SQL, its parameters the hits themselves (`quota._sql.statements.HIT`'s
-#: parameters each); the Redis store sends one script per hit in one pipeline.
-BATCH_HIT_REDIS = Statement(BATCH_HIT, "-- one pipeline of fixed-window scripts, one per hit")
 #: The statement this module batches, by name.
 _HIT = _sql.HIT.name
 

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from quota._core.errors import ConfigurationError, QuotaError, SchemaError, StorageError
+from quota._core.url import redact
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
 from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore, adrive, call_deadline, drive
-from quota._stores.url import redact
 from quota._wrappers.batching import batch_statement, most_per_batch
 from quota._wrappers.metrics import Metrics
 

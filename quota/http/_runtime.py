@@ -100,9 +100,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from quota._core.algorithms import ALGORITHMS, Rate
 from quota._core.errors import ConfigurationError, SchemaError, StorageError
 from quota._core.rates import parse_rates
+from quota._core.url import SCHEMALESS
 from quota._sql.statements import Statement
 from quota._stores.base import Op, Step
-from quota._stores.url import SCHEMALESS
 from quota._wrappers.abuse import AbuseDetector
 from quota.http._config import HttpConfig
 from quota.http._config import _check_factors as check_factors
