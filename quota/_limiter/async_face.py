@@ -37,6 +37,7 @@ from quota._core.leases import MAX_SLOTS, ConcurrencyUsage
 from quota._core.rates import as_rates, most_restrictive
 from quota._core.url import StoreURL
 from quota._core.waiting import MAX_TIMEOUT, Deadline, check_timeout, jitter_spread, pause
+from quota._limiter import base as _base
 from quota._limiter import quotas as _quotas
 from quota._limiter.base import (
     DEFAULT_BATCH_SIZE,
@@ -48,7 +49,6 @@ from quota._limiter.base import (
     async_memory_fallback,
     async_settle,
     async_sleep,
-    backend,
     check_async_target,
     check_cost,
     check_wait,
@@ -558,9 +558,9 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
 
 
 def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
-    """The store for `parsed` (see `quota._limiter.base.STORES`), wrapped as `options` say:
+    """The store for `parsed` (see `quota._limiter.base.open_async`), wrapped as `options` say:
     in group commit (`batching`), then in `metrics`, then in the memory `fallback`."""
-    store = backend(parsed).open_async(parsed, options)
+    store = _base.open_async(parsed, options)
     if options.batching:
         store = AsyncBatchingStore(store, max_batch=options.max_batch)
     if options.metrics is not None:

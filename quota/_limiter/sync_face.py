@@ -39,6 +39,7 @@ from quota._core.leases import MAX_SLOTS, ConcurrencyUsage
 from quota._core.rates import as_rates, most_restrictive
 from quota._core.url import StoreURL
 from quota._core.waiting import MAX_TIMEOUT, Deadline, check_timeout, jitter_spread, pause
+from quota._limiter import base as _base
 from quota._limiter import quotas as _quotas
 from quota._limiter.base import (
     DEFAULT_BATCH_SIZE,
@@ -47,7 +48,6 @@ from quota._limiter.base import (
     LimiterBase,
     Options,
     allowed,
-    backend,
     check_cost,
     check_sync_target,
     check_wait,
@@ -556,9 +556,9 @@ class Limiter(LimiterBase[SyncStore]):
 
 
 def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
-    """The store for `parsed` (see `quota._limiter.base.STORES`), wrapped as `options` say:
+    """The store for `parsed` (see `quota._limiter.base.open_sync`), wrapped as `options` say:
     in group commit (`batching`), then in `metrics`, then in the memory `fallback`."""
-    store = backend(parsed).open_sync(parsed, options)
+    store = _base.open_sync(parsed, options)
     if options.batching:
         store = BatchingStore(store, max_batch=options.max_batch)
     if options.metrics is not None:

@@ -25,11 +25,14 @@ memory while the database is down; ``execute_strict`` never is: it raises
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from quota._core.errors import ConfigurationError
+from quota._core.url import StoreURL
 from quota._sql.statements import PG_TRY_LOCK, PG_UNLOCK, Statement
 
 # The operation protocol is the SQL layer's (`quota._sql.steps`); stores drive it.
@@ -131,6 +134,46 @@ class InlineStore(AsyncStore, Protocol):
     def try_inline(self, statement: Statement, params: Sequence[Any]) -> Rows | None:
         """Run `statement` now, without yielding; None when it must be awaited instead."""
         ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreSettings:
+    """What a store is opened with: the limiter's options, as the stores read them."""
+
+    timeout: float
+    """Seconds to wait: SQLite's busy timeout, Redis's socket timeout, PostgreSQL's wait for
+    a pooled connection (shrunk to the fallback's budget under one)."""
+    connect_timeout: float
+    """PostgreSQL: seconds to wait for a new connection."""
+    statement_timeout: float | None
+    """PostgreSQL: the server cuts a statement after this many seconds (None: never)."""
+    db_clock: bool
+    """Every statement takes the database's time."""
+    serialize: bool
+    """SQLite, sync face: one statement at a time (under a fallback)."""
+    pool_size: int
+    """Most connections the store opens."""
+    idle_timeout: float
+    """Seconds a pooled connection may stay idle."""
+    relaxed: bool
+    """PostgreSQL: commit without waiting for the WAL flush."""
+    prepared_statements: bool | None
+    """PostgreSQL: named prepared statements (None: as the URL says)."""
+    schema: str | None
+    """PostgreSQL: the schema of quota's tables (None: as the URL says)."""
+
+
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> SyncStore:
+    """The sync store of `parsed`, opened by the module its declaration names
+    (`quota._core.url.Dialect.module`)."""
+    opener = importlib.import_module(parsed.kind.module).open_sync
+    return cast(SyncStore, opener(parsed, settings))
+
+
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncStore:
+    """The async store of `parsed` (see `open_sync`)."""
+    opener = importlib.import_module(parsed.kind.module).open_async
+    return cast(AsyncStore, opener(parsed, settings))
 
 
 #: What a store without SQL says it cannot run, by statement name (default: the statement).

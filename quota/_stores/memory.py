@@ -38,9 +38,10 @@ from urllib.parse import parse_qsl
 from quota._core.algorithms import bucket_step, gcra_step, sliding_step, window_start
 from quota._core.decision import check_int
 from quota._core.errors import ConfigurationError
+from quota._core.url import StoreURL
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
-from quota._stores.base import Op, Rows, drive, handlers, unsupported
+from quota._stores.base import Op, Rows, StoreSettings, drive, handlers, unsupported
 
 T = TypeVar("T")
 
@@ -527,3 +528,15 @@ class AsyncMemoryStore:
     async def aclose(self) -> None:
         """See `MemoryStore.close`."""
         self.sync.close()
+
+
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> MemoryStore:
+    """The sync store of a ``memory://`` URL (`quota._core.url.DIALECTS`)."""
+    name, max_keys = parse_target(parsed.target)
+    return MemoryStore(max_keys=max_keys, name=name, db_clock=settings.db_clock)
+
+
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncMemoryStore:
+    """The async store of a ``memory://`` URL."""
+    name, max_keys = parse_target(parsed.target)
+    return AsyncMemoryStore(max_keys=max_keys, name=name, db_clock=settings.db_clock)

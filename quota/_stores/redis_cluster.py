@@ -64,7 +64,8 @@ from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from quota._core.errors import ConfigurationError
-from quota._core.url import redact
+from quota._core.url import StoreURL, redact
+from quota._stores.base import StoreSettings
 from quota._stores.redis import (
     SCRIPTS,
     SHAS,
@@ -554,3 +555,13 @@ def _gone(node: str) -> Exception:
 
     gone: Exception = ConnectionError(f"node {node} is no longer in the cluster")
     return gone
+
+
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> RedisClusterStore:
+    """The sync store of a ``redis+cluster://`` URL (`quota._core.url.DIALECTS`)."""
+    return RedisClusterStore(parsed.url, timeout=settings.timeout, db_clock=settings.db_clock)
+
+
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncRedisClusterStore:
+    """The async store of a ``redis+cluster://`` URL."""
+    return AsyncRedisClusterStore(parsed.url, timeout=settings.timeout, db_clock=settings.db_clock)
