@@ -9,7 +9,9 @@
   `OptionsDict` that types them names the same fields with the same types,
   and ``options=Options(...)`` is the other way to pass them.
 * Every store declared in `quota._core.url.DIALECTS` opens on each face: the module it
-  names has ``open_sync`` and ``open_async``, and each of its schemes parses to it.
+  names has ``open_sync`` and ``open_async``, and each of its schemes parses to it. The
+  tests' table of stores (`tests._support.STORES`) has an entry for each, so the contract
+  tests (`every_backend`) run on every one.
 """
 
 from __future__ import annotations
@@ -175,3 +177,13 @@ def test_stores_and_dialects_cover_each_other() -> None:
                 == name
             )
     assert sorted(KNOWN_SCHEMES) == sorted(s for d in DIALECTS.values() for s in d.schemes)
+
+
+def test_every_declared_store_reaches_the_contract_tests() -> None:
+    from tests import conftest
+    from tests._support import STORES, split_row
+
+    assert list(STORES) == list(DIALECTS)
+    rows = {split_row(param.values[0]) for param in conftest.EVERY_BACKEND}
+    assert rows == {(name, face) for name in DIALECTS for face in ("sync", "async")}
+    assert set(conftest.SQL_DIALECTS) == {name for name, kind in DIALECTS.items() if kind.sql}
