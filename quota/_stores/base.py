@@ -141,8 +141,8 @@ class StoreSettings:
     """What a store is opened with: the limiter's options, as the stores read them."""
 
     timeout: float
-    """Seconds to wait: SQLite's busy timeout, Redis's socket timeout, PostgreSQL's wait for
-    a pooled connection (shrunk to the fallback's budget under one)."""
+    """Seconds to wait: SQLite's busy timeout, Redis's socket timeout (the fallback's
+    budget under one)."""
     connect_timeout: float
     """PostgreSQL: seconds to wait for a new connection."""
     statement_timeout: float | None
