@@ -49,12 +49,12 @@ from urllib.parse import urlsplit
 import click
 
 import quota
+from quota._core.url import parse_url
 from quota._limiter import connect_async
 from quota._sql import partitions as _partitions
 from quota._sql import statements as _sql
 from quota._sql.migrate import migrate
 from quota._stores.sqlite import set_up
-from quota._stores.url import parse_url
 from quota._tools.bench import LIMIT, WINDOW, _bare_params, _key_stream
 
 T = TypeVar("T")

@@ -35,7 +35,8 @@ import click
 import quota
 from quota._core.decision import parse_duration
 from quota._core.parsing import parse_decimal, parse_whole
-from quota._stores.url import DEFAULT_URL, ENV_VAR, parse_url, redact
+from quota._core.redaction import redact
+from quota._core.url import DEFAULT_URL, ENV_VAR, parse_url
 
 EXIT_OK = 0
 EXIT_CRASH = 1

@@ -25,18 +25,16 @@ from dataclasses import asdict
 import click
 
 import quota
+from quota._core.url import SCHEMALESS
 from quota._sql.policies import SETTINGS_TABLE, TABLE
-from quota._stores.url import SCHEMALESS
 from quota.admin import (
     ABUSE_THRESHOLD,
     TIER_MULTIPLIER,
     Admin,
     PolicyRow,
-    hash_secret_from_env,
-    ip_subject,
     parse_setting,
-    token_subject,
 )
+from quota.http import hash_secret_from_env, ip_subject, token_subject
 
 from .main import EXIT_DENIED, POSITIVE, _errors, _json_option, _limiter, main, url_option
 

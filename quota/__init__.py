@@ -28,6 +28,7 @@ from quota._core.errors import (
 )
 from quota._core.leases import ConcurrencyUsage
 from quota._core.rates import parse_rates
+from quota._core.url import default_url
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
 from quota._limiter.default import rate_limit, rate_limit_async
 from quota._limiter.quota_types import (
@@ -41,12 +42,10 @@ from quota._limiter.quota_types import (
 )
 from quota._sql.migrate import current_revision, downgrade, migrate
 from quota._sql.ops import CleanupResult, Usage
-from quota._stores.url import default_url
 from quota._tools.doctor import Finding, diagnose
 from quota._wrappers.abuse import AbuseDetector
 from quota._wrappers.fallback import Fallback
 from quota._wrappers.metrics import Metrics
-from quota.http.shedding import ConcurrencyGuard, SheddingMiddleware
 
 __version__ = "0.1.0"
 
@@ -56,7 +55,6 @@ __all__ = [
     "AsyncLimiter",
     "CheckDecision",
     "CleanupResult",
-    "ConcurrencyGuard",
     "ConcurrencyUsage",
     "ConfigurationError",
     "Decision",
@@ -76,7 +74,6 @@ __all__ = [
     "RateWindow",
     "RefundResult",
     "SchemaError",
-    "SheddingMiddleware",
     "StorageError",
     "Usage",
     "connect",

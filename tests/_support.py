@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: an injectable clock and one sync face over every backend.
+"""Helpers shared by the tests: the table of stores, an injectable clock and one sync face
+over every backend.
 
 Kept out of ``conftest.py`` so that test modules (and spawned worker
 processes) can import them by name.
@@ -12,16 +13,61 @@ import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import quota
+from quota._core.url import DIALECTS
 
 T = TypeVar("T")
 
-#: Names of the four rows of the backend table: ``<dialect>-<face>``.
-SQLITE_FACES = ("sqlite-sync", "sqlite-async")
-POSTGRES_FACES = ("postgresql-sync", "postgresql-async")
+
+@dataclass(frozen=True, slots=True)
+class TestStore:
+    """How the tests reach one declared store (`quota._core.url.DIALECTS`)."""
+
+    url: str
+    """The fixture of tests/conftest.py that gives a test an empty store of it: a new
+    SQLite file, the session's PostgreSQL database (from the environment) emptied, a named
+    memory store, a key prefix on Redis (from the environment) or on the private Redis
+    Cluster (tests/_redis_cluster.py)."""
+    mark: str | None = None
+    """The marker of its rows (a server it needs), None when it always runs."""
+
+    __test__ = False  # not a test class, whatever its name
+
+
+#: The one table of stores the tests run on: an entry for every declared store, in the
+#: order of the declaration (tests/test_generated.py checks that none is missing).
+STORES: dict[str, TestStore] = {
+    "sqlite": TestStore("sqlite_url"),
+    "postgresql": TestStore("pg_store_url", "postgres"),
+    "memory": TestStore("memory_url"),
+    "redis": TestStore("redis_url", "redis"),
+    "redis-cluster": TestStore("redis_cluster_url", "redis"),
+}
+#: The faces of a backend row: ``<dialect>-<face>``.
+FACES = ("sync", "async")
+
+
+def faces(*dialects: str) -> tuple[str, ...]:
+    """The rows of `dialects`, each face: ``("sqlite",)`` -> ``("sqlite-sync", "sqlite-async")``."""
+    return tuple(f"{dialect}-{face}" for dialect in dialects for face in FACES)
+
+
+def split_row(name: str) -> tuple[str, str | None]:
+    """A row's dialect and face: ``"redis-cluster-async"`` -> ``("redis-cluster", "async")``;
+    a bare dialect has no face."""
+    if name in DIALECTS:
+        return name, None
+    dialect, _, face = name.rpartition("-")
+    return dialect, face
+
+
+#: The rows of the SQL stores, both faces.
+SQLITE_FACES = faces("sqlite")
+POSTGRES_FACES = faces("postgresql")
 
 #: A fixed instant, mid-minute and mid-hour, with a fractional second so
 #: rounding mistakes show: 1_750_003_200 is a whole hour.
@@ -109,7 +155,7 @@ class Backend(Face):
 
     def __init__(self, name: str, url: str, clock: Clock, **options: Any) -> None:
         self.name = name
-        self.dialect, face = name.split("-")
+        self.dialect, face = split_row(name)
         self.is_async = face == "async"
         self.url = url
         self.clock = clock

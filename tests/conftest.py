@@ -30,38 +30,44 @@ from typing import Any
 import pytest
 
 import quota
+from quota._core.url import DIALECTS
 from tests._http_support import FRAMEWORKS
 from tests._support import (
     POSTGRES_FACES,
-    SQLITE_FACES,
+    STORES,
     Backend,
     Clock,
     OpenBackend,
+    faces,
+    split_row,
     with_database,
 )
 
 # -- the table of backends -----------------------------------------------------------------
 #
-# A row is a dialect (``"sqlite"``) or a dialect and a face (``"sqlite-async"``). A row of
-# ``postgresql`` is marked ``postgres``: it skips without PostgreSQL, or fails with
-# QUOTA_TEST_REQUIRE_POSTGRES=1. A row of ``redis`` is marked ``redis``: it skips without
-# Redis. Parametrize with `backend_params`; get a database with the ``sql_*`` fixtures (the
-# SQL dialects, ids ``sqlite`` and ``postgresql``), or with `store_url` and
+# `tests._support.STORES` is the one table of stores, an entry for every store quota
+# declares (`quota._core.url.DIALECTS`). A row is a dialect (``"sqlite"``) or a dialect and
+# a face (``"sqlite-async"``), marked as its store's entry says (``postgres``: it skips
+# without PostgreSQL, or fails with QUOTA_TEST_REQUIRE_POSTGRES=1; ``redis``: it skips
+# without Redis). Parametrize with `backend_params`; get a database with the ``sql_*``
+# fixtures (the SQL dialects, ids ``sqlite`` and ``postgresql``), or with `store_url` and
 # `new_sql_database` when the parameter is a face or has ids of its own.
 
-#: The SQL dialects, in the order tests run them.
-SQL_DIALECTS = ("sqlite", "postgresql")
-#: The stores without an SQL schema, and every row with a face.
-MEMORY_FACES = ("memory-sync", "memory-async")
-REDIS_FACES = ("redis-sync", "redis-async")
-EVERY_FACE = SQLITE_FACES + POSTGRES_FACES + MEMORY_FACES + REDIS_FACES
+#: The SQL dialects (the stores declared with an SQL schema), in the order tests run them.
+SQL_DIALECTS = tuple(name for name in STORES if DIALECTS[name].sql)
+#: Every row with a face, every store: what the contract tests (`every_backend`) run on.
+EVERY_FACE = faces(*STORES)
+MEMORY_FACES = faces("memory")
+REDIS_FACES = faces("redis")
 #: The marker of each dialect that needs a server; the others always run.
-DIALECT_MARKS = {"postgresql": pytest.mark.postgres, "redis": pytest.mark.redis}
+DIALECT_MARKS = {
+    name: getattr(pytest.mark, store.mark) for name, store in STORES.items() if store.mark
+}
 
 
 def dialect_of(name: str) -> str:
     """The dialect of a row: ``"postgresql-async"`` -> ``"postgresql"``."""
-    return name.split("-")[0]
+    return split_row(name)[0]
 
 
 def backend_params(*names: str) -> list[Any]:
@@ -221,17 +227,16 @@ def sqlite_url(tmp_path: Path) -> str:
 
 def _backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
     name: str = request.param
-    fixture = "pg_clean_url" if name in POSTGRES_FACES else "sqlite_url"
-    backend = Backend(name, request.getfixturevalue(fixture), clock)
+    backend = Backend(name, store_url(request, dialect_of(name)), clock)
     try:
         yield backend
     finally:
         backend.close()
 
 
-@pytest.fixture(params=backend_params(*SQLITE_FACES, *POSTGRES_FACES))
+@pytest.fixture(params=backend_params(*faces(*SQL_DIALECTS)))
 def backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
-    """Every store and face: SQLite and PostgreSQL, each sync and async, on `clock`."""
+    """Every SQL store and face: SQLite and PostgreSQL, each sync and async, on `clock`."""
     yield from _backend(request, clock)
 
 
@@ -304,23 +309,62 @@ def _empty_quota_tables(url: str) -> None:
             conn.execute(f"TRUNCATE {', '.join(full)}")
 
 
+@pytest.fixture
+def pg_store_url(pg_url: str) -> str:
+    """The session's migrated PostgreSQL database (`pg_url`) with every quota table emptied."""
+    _empty_quota_tables(pg_url)
+    return pg_url
+
+
+@pytest.fixture
+def memory_url() -> str:
+    """A memory store of this test's own, named: every limiter of the test shares it."""
+    return f"memory://test-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """The session's private Redis Cluster (tests/_redis_cluster.py); skips (or fails, with
+    QUOTA_TEST_REQUIRE_POSTGRES=1) without redis-py or the Redis binaries."""
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        pytest.skip("Redis Cluster tests need redis-py: pip install 'quota[redis]'")
+    from tests._redis_cluster import find_binaries, running_cluster
+
+    if find_binaries() is None:
+        _unavailable(
+            "Redis Cluster tests need redis-server and redis-cli (apt-get install redis-server)"
+        )
+    with running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: Any) -> Iterator[str]:
+    """A Redis Cluster URL with a key prefix of its own; the keys are deleted afterwards
+    (every killed node started again first)."""
+    prefix = f"quota-test-{uuid.uuid4().hex[:12]}:"
+    yield redis_cluster.url(prefix=prefix)
+    redis_cluster.heal()
+    for port in redis_cluster.masters():
+        with redis_cluster.node(port) as client:
+            for key in list(client.scan_iter(match=prefix + "*", count=1000)):
+                client.delete(key)
+
+
 def store_url(request: pytest.FixtureRequest, dialect: str) -> str:
-    """An empty store of `dialect` for this test: SQLite, PostgreSQL, memory or Redis.
+    """An empty store of `dialect` for this test, from the fixture its `STORES` entry names.
 
     SQLite is a new migrated file; PostgreSQL is the session's migrated database
-    (`pg_url`) with every quota table emptied.
+    (`pg_url`) with every quota table emptied; memory a named store of the test's own;
+    Redis and Redis Cluster a key prefix of the test's own.
     """
-    if dialect == "memory":
-        return f"memory://test-{uuid.uuid4().hex}"  # named: every limiter of the test shares it
-    if dialect == "redis":
-        return str(request.getfixturevalue("redis_url"))
-    if dialect == "sqlite":
-        return str(request.getfixturevalue("sqlite_url"))
-    if dialect == "postgresql":
-        url = str(request.getfixturevalue("pg_url"))
-        _empty_quota_tables(url)
-        return url
-    raise ValueError(f"no store dialect {dialect!r} in the table of backends")
+    try:
+        fixture = STORES[dialect].url
+    except KeyError:
+        raise ValueError(f"no store dialect {dialect!r} in the table of backends") from None
+    return str(request.getfixturevalue(fixture))
 
 
 def new_sql_database(
@@ -341,9 +385,13 @@ def new_sql_database(
     return url
 
 
-@pytest.fixture(params=backend_params(*EVERY_FACE))
+#: The rows of `every_backend`: every face of every store of the table.
+EVERY_BACKEND = backend_params(*EVERY_FACE)
+
+
+@pytest.fixture(params=EVERY_BACKEND)
 def every_backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Backend]:
-    """Every store and face: SQLite, PostgreSQL, memory and Redis, each sync and async, on `clock`."""
+    """Every store and face (`tests._support.STORES`), each sync and async, on `clock`."""
     name: str = request.param
     backend = Backend(name, store_url(request, dialect_of(name)), clock)
     try:

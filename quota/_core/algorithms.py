@@ -2,7 +2,8 @@
 
 Each algorithm is one function from (stored state, now, parameters) to (new
 state, allowed). The memory store runs these functions as they are; the SQL
-statements in `quota._sql.statements` and the Redis Lua scripts spell out the very same
+statements in `quota._sql.statements` (`quota._sql.hits` picks one per algorithm) and the
+Redis Lua scripts spell out the very same
 arithmetic, operation for operation in IEEE doubles, so every store reaches
 the same decision from the same trace (a property test holds them to it).
 The functions that turn returned state into a `Decision` live here too, so
@@ -39,12 +40,8 @@ from quota._core.decision import (
     check_int,
     check_seconds,
     decide,
-    hit_params,
-    stored_key,
 )
 from quota._core.errors import ConfigurationError
-from quota._sql import statements as _sql
-from quota._sql.statements import Statement
 
 FIXED_WINDOW = "fixed_window"
 SLIDING_WINDOW = "sliding_window"
@@ -331,7 +328,7 @@ def gcra_decision(
     )  # fmt: skip
 
 
-# -- one call, end to end: the statement to run and the decision from its rows --------
+# -- one call, end to end: the decision from the rows of its statement (`quota._sql.hits`) --
 
 
 def state_key(algorithm: str, window: int, stored_key: str) -> str:
@@ -341,43 +338,6 @@ def state_key(algorithm: str, window: int, stored_key: str) -> str:
     its capacity changes (adaptive capacity, a policy edit).
     """
     return f"{PREFIX[algorithm]}:{window}:{stored_key}"
-
-
-def statement(
-    stored_key: str, rate: Rate, cost: int, now: float, count_denied: bool = True
-) -> tuple[Statement, tuple[Any, ...]]:
-    """The one atomic statement deciding a hit under `rate`, with its parameters.
-
-    The parameters are a tuple in the order of the statement's `Statement.names`.
-    For the fixed window this is the database-clock form (the app-clock form
-    is the positional hot path in `quota._limiter`). Every float parameter is
-    computed here once, so all stores start from the same doubles.
-    """
-    algorithm, window = rate.algorithm, rate.window
-    if algorithm == FIXED_WINDOW:
-        named = _sql.HIT_DB_CLOCK if count_denied else _sql.HIT_DB_CLOCK_CAPPED
-        return named, (stored_key, window, cost, now, rate.limit)
-    bucket_key = rate._state_prefix + stored_key  # state_key, inlined
-    if algorithm == SLIDING_WINDOW:
-        second = int(now)
-        ws = float(second - second % window)  # window_start, inlined
-        horizon = 2.0 * window
-        return _sql.SLIDING_WINDOW, (
-            bucket_key, stored_key, window, float(cost), now, ws, (window - (now - ws)) / window,
-            rate._float_limit, horizon, expiry(now, horizon),
-        )  # fmt: skip
-    if algorithm == TOKEN_BUCKET:
-        capacity, per_second = rate.capacity, rate.rate
-        horizon = capacity / per_second
-        return _sql.TOKEN_BUCKET, (
-            bucket_key, stored_key, window, float(cost), now, float(capacity), per_second,
-            horizon, expiry(now, horizon),
-        )  # fmt: skip
-    increment, tolerance = gcra_params(rate, cost)
-    return _sql.GCRA, (
-        bucket_key, stored_key, window, float(cost), now, increment, tolerance, tolerance,
-        expiry(now, tolerance),
-    )  # fmt: skip
 
 
 #: State rows expire on the hour (see `expiry`).
@@ -394,42 +354,6 @@ def expiry(now: float, horizon: float) -> float:
     """
     end = int(now + horizon)
     return float((end // EXPIRY_GRANULARITY + 1) * EXPIRY_GRANULARITY)
-
-
-def plan(
-    key: str, rate: Rate, cost: int, now: float, *, count_denied: bool, database_clock: bool
-) -> tuple[Statement, Sequence[Any]]:
-    """The statement and parameters deciding one hit of `key` under `rate`.
-
-    The fixed window on the app clock is the positional hot statement; every
-    other case is a named one (see `statement`). `rate.check_cost` must have
-    passed.
-    """
-    if rate.algorithm == FIXED_WINDOW and not database_clock:
-        params = hit_params(key, rate.limit, rate.window, now, cost)
-        return (_sql.HIT, params) if count_denied else (_sql.HIT_CAPPED, (*params, rate.limit))
-    return statement(stored_key(key), rate, cost, now, count_denied)
-
-
-def give_back(
-    key: str, rate: Rate, cost: int, decision: Decision
-) -> tuple[Statement, tuple[Any, ...]]:
-    """The statement taking back the hit of `cost` under `rate` that `decision` allowed.
-
-    Where the hit was counted comes from the decision itself: a window's start
-    is its ``reset_at`` less the window (a sliding window's, the window the
-    store counted it in), so a database clock needs no second reading.
-    """
-    algorithm, window, skey = rate.algorithm, rate.window, stored_key(key)
-    if algorithm == FIXED_WINDOW:
-        return _sql.UNDO_FIXED_WINDOW, (f"{window}:{decision.reset_at - window}:{skey}", cost)
-    bucket_key = rate._state_prefix + skey
-    if algorithm == SLIDING_WINDOW:
-        stamp = float(decision.reset_at - window)
-        return _sql.UNDO_SLIDING_WINDOW, (bucket_key, float(cost), stamp, window)
-    if algorithm == TOKEN_BUCKET:
-        return _sql.UNDO_TOKEN_BUCKET, (bucket_key, float(cost), float(rate.capacity))
-    return _sql.UNDO_GCRA, (bucket_key, gcra_params(rate, cost)[0])
 
 
 def open_decision(key: str, rate: Rate, cost: int, now: float) -> Decision:
@@ -452,7 +376,7 @@ def closed_decision(key: str, rate: Rate, now: float, retry_after: int) -> Decis
 def decide_rows(
     key: str, rate: Rate, cost: int, now: float, rows: Sequence[Sequence[Any]]
 ) -> Decision:
-    """The decision from the rows `statement` returned.
+    """The decision from the rows `quota._sql.hits.statement` returned.
 
     The time the statement used comes back with its rows when the caller
     cannot know it (the database's, with ``clock="database"``; memory and

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from quota._core.redaction import redact_text
+
 if TYPE_CHECKING:
     from quota._core.decision import Decision
 
@@ -33,8 +35,6 @@ class QuotaError(Exception):
 
     def __init__(self, *args: object) -> None:
         if args and isinstance(args[0], str) and ("://" in args[0] or "pass" in args[0].lower()):
-            from quota._stores.url import redact_text  # the URL module raises these errors
-
             args = (redact_text(args[0]), *args[1:])
         super().__init__(*args)
 

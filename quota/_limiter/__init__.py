@@ -5,23 +5,22 @@ async face is written once, in `quota._limiter.async_face`; the sync face,
 `quota._limiter.sync_face`, is generated from it by unasyncd (``[tool.unasyncd]``
 in pyproject.toml; run ``unasyncd`` after an edit). What never awaits, both
 call from `quota._limiter.base`: `Options`, the metrics and failing open, and
-`STORES`, the one table from a URL's dialect to each face's store opener.
+opening a URL's store where its declaration (`quota._core.url.DIALECTS`) says.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from quota._core.url import parse_url
 from quota._limiter.async_face import AsyncLimiter, open_async_store
-from quota._limiter.base import STORES, Options, OptionsDict, options_from
+from quota._limiter.base import Options, OptionsDict, options_from
 from quota._limiter.sync_face import Limiter, open_sync_store
-from quota._stores.url import parse_url
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = [
-    "STORES",
     "AsyncLimiter",
     "Limiter",
     "Options",

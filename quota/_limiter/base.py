@@ -5,8 +5,8 @@
 ``await``. What never awaits lives here, and both faces call it: `Options` and
 their validation (`options_from`, for `quota.connect`'s two ways of passing
 them), the state the hot path reads (`LimiterBase`), what a decision tells
-metrics and the abuse detector, failing open, and `STORES`: the one table from
-a URL's dialect to the store opener of each face.
+metrics and the abuse detector, failing open, and opening a URL's store
+(`open_sync`, `open_async`) as its declaration in `quota._core.url.DIALECTS` says.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Generic, TypedDict, TypeVar
 
 from quota._core.algorithms import Rate, open_decision
 from quota._core.decision import MAX_LIMIT, Decision, check_int, check_now
 from quota._core.errors import ConfigurationError
-from quota._stores.base import AsyncStore, SyncStore
+from quota._core.url import StoreURL, check_schema
+from quota._stores import base as _stores
+from quota._stores.base import AsyncStore, StoreSettings, SyncStore
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT
-from quota._stores.url import SCHEMALESS, StoreURL, check_schema
 from quota._wrappers.abuse import AbuseDetector
-from quota._wrappers.batching import DEFAULT_MAX_BATCH, PIPELINED_DIALECTS
+from quota._wrappers.batching import DEFAULT_MAX_BATCH
 from quota._wrappers.fallback import Fallback, retry_after_down
 from quota._wrappers.metrics import Metrics
 
@@ -380,7 +381,7 @@ def check_cost(cost: object, limit: object) -> int:
     return check_int("cost", cost, maximum=limit if type(limit) is int and limit > 0 else MAX_LIMIT)
 
 
-# -- the stores: one table from a URL's dialect to the opener of each face ------------------
+# -- the stores: opened where their declaration (`quota._core.url.DIALECTS`) says -----------
 
 
 def _timeout(options: Options) -> float:
@@ -389,87 +390,16 @@ def _timeout(options: Options) -> float:
     return options.fallback.timeout if options.fallback else options.timeout
 
 
-def _sqlite(parsed: StoreURL, options: Options) -> SyncStore:
-    from quota._stores.sqlite import SQLiteStore
-
-    return SQLiteStore(
-        parsed.target, parsed.url, busy_timeout=_timeout(options), db_clock=options.database_clock,
-        serialize=options.fallback is not None, pool_size=options.pool_size,
-        idle_timeout=options.idle_timeout,
+def store_settings(options: Options) -> StoreSettings:
+    """What the store is opened with, read from `options`."""
+    return StoreSettings(
+        timeout=_timeout(options), connect_timeout=options.timeout,
+        statement_timeout=options.fallback.timeout if options.fallback else None,
+        db_clock=options.database_clock, serialize=options.fallback is not None,
+        pool_size=options.pool_size, idle_timeout=options.idle_timeout,
+        relaxed=options.durability == "relaxed",
+        prepared_statements=options.prepared_statements, schema=options.schema,
     )  # fmt: skip
-
-
-def _async_sqlite(parsed: StoreURL, options: Options) -> AsyncStore:
-    from quota._stores.sqlite import AsyncSQLiteStore
-
-    return AsyncSQLiteStore(
-        parsed.target, parsed.url, busy_timeout=_timeout(options), db_clock=options.database_clock
-    )
-
-
-def _postgres_settings(parsed: StoreURL, options: Options) -> dict[str, Any]:
-    """The keywords of either PostgreSQL store: the URL's own parameters, then `options`."""
-    prepared = options.prepared_statements
-    return {
-        "dsn": parsed.target, "url": parsed.url, "pool_size": options.pool_size,
-        "connect_timeout": options.timeout, "db_clock": options.database_clock,
-        "statement_timeout": options.fallback.timeout if options.fallback else None,
-        "relaxed": options.durability == "relaxed", "idle_timeout": options.idle_timeout,
-        "prepared_statements": parsed.prepared_statements if prepared is None else prepared,
-        "schema": options.schema or parsed.schema,
-    }  # fmt: skip
-
-
-def _postgres(parsed: StoreURL, options: Options) -> SyncStore:
-    from quota._stores.postgres import PostgresStore
-
-    return PostgresStore(**_postgres_settings(parsed, options))
-
-
-def _async_postgres(parsed: StoreURL, options: Options) -> AsyncStore:
-    from quota._stores.postgres import AsyncPostgresStore
-
-    return AsyncPostgresStore(**_postgres_settings(parsed, options))
-
-
-def _memory(parsed: StoreURL, options: Options) -> SyncStore:
-    from quota._stores.memory import MemoryStore, parse_target
-
-    name, max_keys = parse_target(parsed.target)
-    return MemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
-
-
-def _async_memory(parsed: StoreURL, options: Options) -> AsyncStore:
-    from quota._stores.memory import AsyncMemoryStore, parse_target
-
-    name, max_keys = parse_target(parsed.target)
-    return AsyncMemoryStore(max_keys=max_keys, name=name, db_clock=options.database_clock)
-
-
-def _redis(parsed: StoreURL, options: Options) -> SyncStore:
-    from quota._stores.redis import RedisStore
-
-    return RedisStore(parsed.url, timeout=_timeout(options), db_clock=options.database_clock)
-
-
-def _async_redis(parsed: StoreURL, options: Options) -> AsyncStore:
-    from quota._stores.redis import AsyncRedisStore
-
-    return AsyncRedisStore(parsed.url, timeout=_timeout(options), db_clock=options.database_clock)
-
-
-def _redis_cluster(parsed: StoreURL, options: Options) -> SyncStore:
-    from quota._stores.redis_cluster import RedisClusterStore
-
-    return RedisClusterStore(parsed.url, timeout=_timeout(options), db_clock=options.database_clock)
-
-
-def _async_redis_cluster(parsed: StoreURL, options: Options) -> AsyncStore:
-    from quota._stores.redis_cluster import AsyncRedisClusterStore
-
-    return AsyncRedisClusterStore(
-        parsed.url, timeout=_timeout(options), db_clock=options.database_clock
-    )
 
 
 def memory_fallback(fallback: Fallback) -> SyncStore:
@@ -486,59 +416,29 @@ def async_memory_fallback(fallback: Fallback) -> AsyncStore:
     return AsyncMemoryStore(max_keys=fallback.max_keys)
 
 
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """How one dialect's store opens, for each face."""
-
-    sync: Callable[[StoreURL, Options], SyncStore]
-    asynchronous: Callable[[StoreURL, Options], AsyncStore]
-
-    def open_sync(self, parsed: StoreURL, options: Options) -> SyncStore:
-        """The sync store; `ConfigurationError` if the URL names an async driver."""
-        parsed.driver_for(asynchronous=False)
-        _check_for_dialect(parsed, options)
-        return self.sync(parsed, options)
-
-    def open_async(self, parsed: StoreURL, options: Options) -> AsyncStore:
-        """The async store; `ConfigurationError` if the URL names a sync driver."""
-        parsed.driver_for(asynchronous=True)
-        _check_for_dialect(parsed, options)
-        return self.asynchronous(parsed, options)
+def open_sync(parsed: StoreURL, options: Options) -> SyncStore:
+    """The sync store of `parsed` (its declaration, `quota._core.url.DIALECTS`, says where
+    it opens); `ConfigurationError` if the URL names an async driver or `options` one the
+    store has no use for."""
+    parsed.driver_for(asynchronous=False)
+    _check_for_dialect(parsed, options)
+    return _stores.open_sync(parsed, store_settings(options))
 
 
-#: Every store quota opens, keyed by the dialects of `quota._stores.url.DIALECTS` (the one
-#: table of URL schemes and drivers; `parse_url` rejects an unknown scheme, listing the
-#: known ones). tests/package/test_generated.py checks that the two tables name the same dialects.
-STORES: dict[str, Backend] = {
-    "sqlite": Backend(_sqlite, _async_sqlite),
-    "postgresql": Backend(_postgres, _async_postgres),
-    "memory": Backend(_memory, _async_memory),
-    "redis": Backend(_redis, _async_redis),
-    "redis-cluster": Backend(_redis_cluster, _async_redis_cluster),
-}
-
-
-def backend(parsed: StoreURL) -> Backend:
-    """The `STORES` entry of `parsed`'s dialect; `ConfigurationError` listing them if none."""
-    try:
-        return STORES[parsed.dialect]
-    except KeyError:
-        raise ConfigurationError(
-            f"no store for {parsed.dialect!r} urls; known: {', '.join(sorted(STORES))}"
-        ) from None
+def open_async(parsed: StoreURL, options: Options) -> AsyncStore:
+    """The async store of `parsed`; see `open_sync`."""
+    parsed.driver_for(asynchronous=True)
+    _check_for_dialect(parsed, options)
+    return _stores.open_async(parsed, store_settings(options))
 
 
 def _check_for_dialect(parsed: StoreURL, options: Options) -> None:
     """Refuse options the dialect has no use for, naming them."""
-    if options.schema is not None and parsed.dialect != "postgresql":
+    if options.schema is not None and not parsed.kind.schemas:
         raise ConfigurationError(
             f"schema={options.schema!r} is for PostgreSQL; a {parsed.dialect} store has no schemas"
         )
-    if (
-        options.batching
-        and parsed.dialect in SCHEMALESS
-        and parsed.dialect not in PIPELINED_DIALECTS
-    ):
+    if options.batching and not parsed.kind.batching:
         raise ConfigurationError(
             "batching=True groups SQL statements (Redis scripts) into one round trip;"
             f" a {parsed.dialect}:// store decides each call in memory: leave batching off"

@@ -12,8 +12,8 @@ import threading
 import weakref
 
 from quota._core.decision import Decision, Duration
+from quota._core.url import default_url
 from quota._limiter import AsyncLimiter, Limiter, connect, connect_async
-from quota._stores.url import default_url
 
 _lock = threading.Lock()
 _sync: Limiter | None = None

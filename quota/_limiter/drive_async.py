@@ -11,7 +11,8 @@ from typing import TypeVar
 
 from quota._core.errors import StorageError
 from quota._limiter.quota_types import ATTEMPTS, Abort, retryable
-from quota._stores.base import AsyncStore, Op
+from quota._sql.steps import Op
+from quota._stores.base import AsyncStore
 
 T = TypeVar("T")
 

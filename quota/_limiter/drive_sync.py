@@ -13,7 +13,8 @@ from typing import TypeVar
 
 from quota._core.errors import StorageError
 from quota._limiter.quota_types import ATTEMPTS, Abort, retryable
-from quota._stores.base import Op, SyncStore
+from quota._sql.steps import Op
+from quota._stores.base import SyncStore
 
 T = TypeVar("T")
 

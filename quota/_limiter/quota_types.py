@@ -19,7 +19,7 @@ from quota._core.decision import (
 )
 from quota._core.decision import stored_key as _stored_key
 from quota._core.errors import ConfigurationError, QuotaError, StorageError
-from quota._stores.base import Op
+from quota._sql.steps import Op
 
 CONSUME = "consume"
 DENY = "deny"

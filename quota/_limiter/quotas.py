@@ -78,7 +78,7 @@ from quota._sql import quotas as q
 from quota._sql import statements as _sql
 from quota._sql.ops import CleanupResult
 from quota._sql.statements import Statement
-from quota._stores.base import Op
+from quota._sql.steps import Op
 
 #: The operations (their types live in `quota._limiter.quota_types`).
 __all__ = [

@@ -36,7 +36,9 @@ from quota._core.decision import (
 from quota._core.errors import ConfigurationError, QuotaError, RateLimitTimeout, SchemaError
 from quota._core.leases import MAX_SLOTS, ConcurrencyUsage
 from quota._core.rates import as_rates, most_restrictive
+from quota._core.url import StoreURL
 from quota._core.waiting import MAX_TIMEOUT, Deadline, check_timeout, jitter_spread, pause
+from quota._limiter import base as _base
 from quota._limiter import quotas as _quotas
 from quota._limiter.base import (
     DEFAULT_BATCH_SIZE,
@@ -45,7 +47,6 @@ from quota._limiter.base import (
     LimiterBase,
     Options,
     allowed,
-    backend,
     check_cost,
     check_sync_target,
     check_wait,
@@ -67,11 +68,12 @@ from quota._limiter.quota_types import (
     RateWindow,
     RefundResult,
 )
+from quota._sql import hits as _hits
 from quota._sql import ops as _ops
 from quota._sql import statements as _sql
 from quota._sql.ops import CleanupResult, Usage
-from quota._stores.base import Op, SyncStore, drive
-from quota._stores.url import StoreURL
+from quota._sql.steps import Op, drive
+from quota._stores.base import SyncStore
 from quota._wrappers.batching import BatchingStore
 from quota._wrappers.fallback import ResilientStore, StoreDown
 from quota._wrappers.metrics import MeteredStore
@@ -160,7 +162,7 @@ class Limiter(LimiterBase[SyncStore]):
         if cost.__class__ is not int or cost != 1:  # a cost of 1 fits every rate
             rate.check_cost(cost)
         now = self._clock()
-        sql, params = _algorithms.plan(
+        sql, params = _hits.plan(
             key, rate, cost, now, count_denied=self._count_denied and not waiting,
             database_clock=not self._fast,
         )  # fmt: skip
@@ -305,7 +307,7 @@ class Limiter(LimiterBase[SyncStore]):
         caller's wait goes on (its next attempt meets the failure, if it lasts).
         """
         try:
-            self.store.execute(*_algorithms.give_back(key, rate, cost, decision))
+            self.store.execute(*_hits.give_back(key, rate, cost, decision))
         except Exception:
             log.warning(
                 "quota: could not give back a denied attempt's hit on %r", key, exc_info=True
@@ -554,9 +556,9 @@ class Limiter(LimiterBase[SyncStore]):
 
 
 def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
-    """The store for `parsed` (see `quota._limiter.base.STORES`), wrapped as `options` say:
+    """The store for `parsed` (see `quota._limiter.base.open_sync`), wrapped as `options` say:
     in group commit (`batching`), then in `metrics`, then in the memory `fallback`."""
-    store = backend(parsed).open_sync(parsed, options)
+    store = _base.open_sync(parsed, options)
     if options.batching:
         store = BatchingStore(store, max_batch=options.max_batch)
     if options.metrics is not None:

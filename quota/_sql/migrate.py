@@ -27,9 +27,10 @@ from alembic.runtime.environment import EnvironmentContext
 
 from quota._core.errors import ConfigurationError, SchemaError, StorageError
 from quota._core.parsing import parse_flag
+from quota._core.redaction import redact
+from quota._core.url import check_schema, default_url, parse_url
 from quota._sql.schema import include_name, include_object, metadata, missing_sqlite_file
 from quota._sql.statements import VERSION_TABLE
-from quota._stores.url import check_schema, default_url, parse_url, redact
 
 #: Options a migration reads, from ``migrate(**options)`` or ``alembic -x name=value``.
 OPTION_COUNTERS_LOGGED = "counters_logged"

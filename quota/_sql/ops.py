@@ -1,7 +1,7 @@
 """Operations on the counters table, written once for both faces.
 
 Each operation is a generator that yields ``(sql, params)`` and receives the
-rows (see `quota._stores.base`); the sync and async limiters only drive them. The
+rows (see `quota._sql.steps`); the sync and async limiters only drive them. The
 hot path is two plain calls (`quota._core.decision.hit_params`, then
 `quota._core.decision.decide`) in `quota._limiter` instead, so a decision costs no generator machinery.
 """
@@ -38,7 +38,7 @@ from quota._core.decision import (
 from quota._core.errors import ConfigurationError, SchemaError
 from quota._sql import partitions as _partitions
 from quota._sql import statements as _sql
-from quota._stores.base import Rows, Step
+from quota._sql.steps import Rows, Step
 
 
 def peek(key: str, rate: Rate, now: float) -> Generator[Step, Rows, Decision]:

@@ -37,7 +37,7 @@ from collections.abc import Generator
 
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
-from quota._stores.base import Rows, Step
+from quota._sql.steps import Rows, Step
 
 #: Seconds of window starts per partition.
 PARTITION_SECONDS = 3600

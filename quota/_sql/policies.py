@@ -20,7 +20,7 @@ from quota._core.factors import check_factors
 from quota._core.parsing import parse_decimal, parse_whole
 from quota._core.rates import parse_rates
 from quota._sql.statements import Statement
-from quota._stores.base import Op, Step
+from quota._sql.steps import Op, Step
 
 TABLE = "quota_policies"
 ANY = "*"

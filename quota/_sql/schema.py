@@ -23,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from quota._core.errors import ConfigurationError, SchemaError
+from quota._core.redaction import redact
 from quota._sql.statements import VERSION_TABLE
 
 #: Every revision this code knows, oldest first.
@@ -404,15 +405,11 @@ TABLE_REVISIONS: dict[str, str] = {
 
 def migrate_hint(url: str | None = None) -> str:
     """The command that brings the schema up to date, for error messages (password hidden)."""
-    from quota._stores.url import redact
-
     return "quota migrate" + (f" --url '{redact(url)}'" if url else "")
 
 
 def doctor_hint(url: str | None = None) -> str:
     """The command that names what is missing from the schema and how to restore it."""
-    from quota._stores.url import redact
-
     return "quota doctor" + (f" --url '{redact(url)}'" if url else "")
 
 

@@ -102,6 +102,12 @@ HIT_CAPPED = Statement(
     " RETURNING count",
 )
 
+#: The name of every group-commit batch of HIT (`quota._wrappers.batching`).
+BATCH_HIT = "hit_batch"
+#: Redis's batch: no SQL, its parameters the hits themselves (`HIT`'s parameters each); the
+#: Redis store sends one script per hit in one pipeline.
+BATCH_HIT_REDIS = Statement(BATCH_HIT, "-- one pipeline of fixed-window scripts, one per hit")
+
 #: Params: bucket_key.
 PEEK = Statement("peek", "SELECT count FROM quota_counters WHERE bucket_key = ?")
 

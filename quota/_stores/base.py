@@ -11,9 +11,9 @@ Two kinds of work reach a store:
   one round trip, autocommit;
 * everything else is an *operation* (`Op`): a generator that yields
   ``(statement, params)`` steps and receives each statement's rows back (the
-  shape of httpx's ``auth_flow``). The same generator is driven by `drive`
-  for the sync stores and by `adrive` for the async ones, so no logic is
-  written twice. ``run(op, transaction=True)`` wraps the whole operation in
+  shape of httpx's ``auth_flow``; see `quota._sql.steps`). The same generator is
+  driven by `drive` for the sync stores and by `adrive` for the async ones, so no
+  logic is written twice. ``run(op, transaction=True)`` wraps the whole operation in
   one transaction; with ``transaction=False`` each statement commits on its
   own, but all run on one connection (a session lock taken by the first
   statement is released by the last).
@@ -25,25 +25,21 @@ memory while the database is down; ``execute_strict`` never is: it raises
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from quota._core.errors import ConfigurationError
+from quota._core.url import StoreURL
 from quota._sql.statements import PG_TRY_LOCK, PG_UNLOCK, Statement
+from quota._sql.steps import Op, Rows
 
-Row = Sequence[Any]
-Rows = Sequence[Row]
-#: One statement of an operation and its parameters.
-Step = tuple[Statement, Sequence[Any]]
+# The operation protocol is the SQL layer's (`quota._sql.steps`); stores drive it.
 
 T = TypeVar("T")
-S = TypeVar("S")
-P = TypeVar("P")
 H = TypeVar("H")
-
-#: An operation: yields steps, receives their rows, returns its result.
-Op = Generator[Step, Rows, T]
 
 #: The `time.monotonic` time by which the sync store call running in this thread is to be
 #: decided, set by the fallback (`quota._wrappers.fallback.ResilientStore`) for the length
@@ -135,47 +131,44 @@ class InlineStore(AsyncStore, Protocol):
         ...
 
 
-async def adrive(
-    op: Generator[tuple[S, P], Rows, T], execute: Callable[[S, P], Awaitable[Rows]]
-) -> T:
-    """Run `op` to completion, awaiting `execute` of each statement it yields.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreSettings:
+    """What a store is opened with: the limiter's options, as the stores read them."""
 
-    A failing statement is thrown into the generator, so its ``finally``
-    blocks may still issue statements (releasing a lock, say) before the
-    error propagates.
-    """
-    value: Any = None  # a generator's first send must be None
-    error: BaseException | None = None
-    while True:
-        try:
-            statement, params = op.send(value) if error is None else op.throw(error)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        try:
-            value, error = await execute(statement, params), None
-        except BaseException as exc:
-            value, error = (), exc
+    timeout: float
+    """Seconds to wait: SQLite's busy timeout, Redis's socket timeout (the fallback's
+    budget under one)."""
+    connect_timeout: float
+    """PostgreSQL: seconds to wait for a new connection."""
+    statement_timeout: float | None
+    """PostgreSQL: the server cuts a statement after this many seconds (None: never)."""
+    db_clock: bool
+    """Every statement takes the database's time."""
+    serialize: bool
+    """SQLite, sync face: one statement at a time (under a fallback)."""
+    pool_size: int
+    """Most connections the store opens."""
+    idle_timeout: float
+    """Seconds a pooled connection may stay idle."""
+    relaxed: bool
+    """PostgreSQL: commit without waiting for the WAL flush."""
+    prepared_statements: bool | None
+    """PostgreSQL: named prepared statements (None: as the URL says)."""
+    schema: str | None
+    """PostgreSQL: the schema of quota's tables (None: as the URL says)."""
 
 
-def drive(op: Generator[tuple[S, P], Rows, T], execute: Callable[[S, P], Rows]) -> T:
-    """`adrive` with a sync `execute`: the loop is written once.
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> SyncStore:
+    """The sync store of `parsed`, opened by the module its declaration names
+    (`quota._core.url.Dialect.module`)."""
+    opener = importlib.import_module(parsed.kind.module).open_sync
+    return cast(SyncStore, opener(parsed, settings))
 
-    Nothing in it waits, so the coroutine finishes in its first step, on
-    this thread, without an event loop.
-    """
 
-    async def now(statement: S, params: P) -> Rows:
-        return execute(statement, params)
-
-    coroutine = adrive(op, now)
-    try:
-        coroutine.send(None)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-    coroutine.close()  # pragma: no cover - `now` never suspends
-    raise RuntimeError("drive: a statement was awaited")  # pragma: no cover
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncStore:
+    """The async store of `parsed` (see `open_sync`)."""
+    opener = importlib.import_module(parsed.kind.module).open_async
+    return cast(AsyncStore, opener(parsed, settings))
 
 
 #: What a store without SQL says it cannot run, by statement name (default: the statement).

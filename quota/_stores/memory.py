@@ -38,9 +38,11 @@ from quota._core.algorithms import bucket_step, gcra_step, sliding_step, window_
 from quota._core.decision import check_int
 from quota._core.errors import ConfigurationError
 from quota._core.parsing import parse_whole
+from quota._core.url import StoreURL
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
-from quota._stores.base import Op, Rows, drive, handlers, unsupported
+from quota._sql.steps import Op, Rows, drive
+from quota._stores.base import StoreSettings, handlers, unsupported
 
 T = TypeVar("T")
 
@@ -531,3 +533,15 @@ class AsyncMemoryStore:
     async def aclose(self) -> None:
         """See `MemoryStore.close`."""
         self.sync.close()
+
+
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> MemoryStore:
+    """The sync store of a ``memory://`` URL (`quota._core.url.DIALECTS`)."""
+    name, max_keys = parse_target(parsed.target)
+    return MemoryStore(max_keys=max_keys, name=name, db_clock=settings.db_clock)
+
+
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncMemoryStore:
+    """The async store of a ``memory://`` URL."""
+    name, max_keys = parse_target(parsed.target)
+    return AsyncMemoryStore(max_keys=max_keys, name=name, db_clock=settings.db_clock)

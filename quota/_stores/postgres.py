@@ -39,13 +39,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import asyncpg
 
 from quota._core.errors import ConfigurationError, QuotaError, StorageError
+from quota._core.redaction import redact
+from quota._core.url import StoreURL
 from quota._sql import partitions as _partitions
 from quota._sql import statements as _sql
 from quota._sql.schema import accepted_version, check_version, missing_objects_error
 from quota._sql.statements import Statement
-from quota._stores.base import Op, Rows, adrive, call_deadline, drive
+from quota._sql.steps import Op, Rows, adrive, drive
+from quota._stores.base import StoreSettings, call_deadline
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT, SyncPool
-from quota._stores.url import redact
 
 if TYPE_CHECKING:
     import psycopg
@@ -1077,3 +1079,26 @@ def _alive(conn: psycopg.Connection[Any]) -> bool:
 def _close_quietly(conn: Any) -> None:
     with contextlib.suppress(Exception):
         conn.close()
+
+
+def _settings(parsed: StoreURL, settings: StoreSettings) -> dict[str, Any]:
+    """The keywords of either PostgreSQL store: the URL's own parameters, then `settings`."""
+    prepared = settings.prepared_statements
+    return {
+        "dsn": parsed.target, "url": parsed.url, "pool_size": settings.pool_size,
+        "connect_timeout": settings.connect_timeout, "db_clock": settings.db_clock,
+        "statement_timeout": settings.statement_timeout, "relaxed": settings.relaxed,
+        "idle_timeout": settings.idle_timeout,
+        "prepared_statements": parsed.prepared_statements if prepared is None else prepared,
+        "schema": settings.schema or parsed.schema,
+    }  # fmt: skip
+
+
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> PostgresStore:
+    """The sync store of a ``postgresql://`` URL (`quota._core.url.DIALECTS`)."""
+    return PostgresStore(**_settings(parsed, settings))
+
+
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncPostgresStore:
+    """The async store of a ``postgresql://`` URL."""
+    return AsyncPostgresStore(**_settings(parsed, settings))

@@ -48,11 +48,12 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from quota._core.errors import ConfigurationError, StorageError
+from quota._core.redaction import redact
+from quota._core.url import StoreURL
 from quota._sql import statements as _sql
-from quota._sql.statements import Statement
-from quota._stores.base import Op, Rows, adrive, drive, handlers, unsupported
-from quota._stores.url import redact
-from quota._wrappers.batching import BATCH_HIT_REDIS
+from quota._sql.statements import BATCH_HIT_REDIS, Statement
+from quota._sql.steps import Op, Rows, adrive, drive
+from quota._stores.base import StoreSettings, handlers, unsupported
 
 T = TypeVar("T")
 
@@ -799,3 +800,13 @@ class AsyncRedisStore(_RedisStore):
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> RedisStore:
+    """The sync store of a ``redis://`` URL (`quota._core.url.DIALECTS`)."""
+    return RedisStore(parsed.url, timeout=settings.timeout, db_clock=settings.db_clock)
+
+
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncRedisStore:
+    """The async store of a ``redis://`` URL."""
+    return AsyncRedisStore(parsed.url, timeout=settings.timeout, db_clock=settings.db_clock)

@@ -18,7 +18,7 @@ another kind of store, not an option of one server. It takes a list of hosts
 (which no ``redis://`` URL parser accepts), it has no database number, and it
 runs through other clients (redis-py's ``RedisCluster``) with other
 commands for ``top``; the scheme is what picks the store
-(`quota._stores.url.DIALECTS`), so it shows in logs, ``quota doctor`` and
+(`quota._core.url.DIALECTS`), so it shows in logs, ``quota doctor`` and
 ``bench`` as what it is. It is also the spelling the ``limits`` library uses.
 ``redis://…?cluster=true`` and a host list on ``redis://`` are
 `ConfigurationError`\\ s that point here.
@@ -65,6 +65,9 @@ from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from quota._core.errors import ConfigurationError
+from quota._core.redaction import redact
+from quota._core.url import StoreURL
+from quota._stores.base import StoreSettings
 from quota._stores.redis import (
     SCRIPTS,
     SHAS,
@@ -79,7 +82,6 @@ from quota._stores.redis import (
     split_url,
 )
 from quota._stores.redis import _bad_url as _redis_bad_url
-from quota._stores.url import redact
 
 DEFAULT_PORT = 6379
 #: Pseudo-commands of `ClusterPlan`, answered by the store from its client's slot map.
@@ -595,3 +597,13 @@ def _gone(node: str) -> Exception:
 
     gone: Exception = ConnectionError(f"node {node} is no longer in the cluster")
     return gone
+
+
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> RedisClusterStore:
+    """The sync store of a ``redis+cluster://`` URL (`quota._core.url.DIALECTS`)."""
+    return RedisClusterStore(parsed.url, timeout=settings.timeout, db_clock=settings.db_clock)
+
+
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncRedisClusterStore:
+    """The async store of a ``redis+cluster://`` URL."""
+    return AsyncRedisClusterStore(parsed.url, timeout=settings.timeout, db_clock=settings.db_clock)

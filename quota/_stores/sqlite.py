@@ -20,10 +20,12 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from quota._core.errors import ConfigurationError, StorageError
+from quota._core.url import StoreURL
 from quota._sql import statements as _sql
 from quota._sql.schema import check_version, missing_objects_error, missing_sqlite_file
 from quota._sql.statements import Statement
-from quota._stores.base import Op, Rows, adrive, drive
+from quota._sql.steps import Op, Rows, adrive, drive
+from quota._stores.base import StoreSettings
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT, SyncPool
 
 T = TypeVar("T")
@@ -136,7 +138,7 @@ def _version_after_error(url: str) -> Rows | None:
     "no such table" (one open and one SELECT on the error path); None if unreadable."""
     from pathlib import Path
 
-    from quota._stores.url import parse_url
+    from quota._core.url import parse_url
 
     try:
         uri = Path(parse_url(url).target).absolute().as_uri() + "?mode=ro"
@@ -807,3 +809,19 @@ class AsyncSQLiteStore(_SQLiteFile):
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.close()
+
+
+def open_sync(parsed: StoreURL, settings: StoreSettings) -> SQLiteStore:
+    """The sync store of a ``sqlite://`` URL (`quota._core.url.DIALECTS`)."""
+    return SQLiteStore(
+        parsed.target, parsed.url, busy_timeout=settings.timeout, db_clock=settings.db_clock,
+        serialize=settings.serialize, pool_size=settings.pool_size,
+        idle_timeout=settings.idle_timeout,
+    )  # fmt: skip
+
+
+def open_async(parsed: StoreURL, settings: StoreSettings) -> AsyncSQLiteStore:
+    """The async store of a ``sqlite://`` URL."""
+    return AsyncSQLiteStore(
+        parsed.target, parsed.url, busy_timeout=settings.timeout, db_clock=settings.db_clock
+    )

@@ -37,14 +37,14 @@ from typing import Any
 from quota._core.algorithms import FIXED_WINDOW, Rate, check_algorithm
 from quota._core.decision import stored_key
 from quota._core.errors import ConfigurationError
+from quota._core.url import StoreURL, parse_url
 from quota._limiter import connect, connect_async
 from quota._sql import ops as _ops
 from quota._sql import statements as _sql
 from quota._sql.migrate import migrate
 from quota._sql.statements import Statement
-from quota._stores.base import Rows, Step
+from quota._sql.steps import Rows, Step
 from quota._stores.sqlite import aset_up, set_up
-from quota._stores.url import SCHEMALESS, StoreURL, parse_url
 
 WINDOW = 3600
 LIMIT = 2**60
@@ -342,7 +342,7 @@ def _memory_quota(
 
 
 def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
-    if parsed.dialect in ("redis", "redis-cluster"):
+    if parsed.kind.speaks_redis:
         return _sync_bare_redis(parsed, concurrency, keys, duration)
     if parsed.dialect == "sqlite":
 
@@ -413,7 +413,7 @@ async def _async_quota(
 
 
 async def _async_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -> float:
-    if parsed.dialect in ("redis", "redis-cluster"):
+    if parsed.kind.speaks_redis:
         return await _async_bare_redis(parsed, concurrency, keys, duration)
     if parsed.dialect == "sqlite":
         import aiosqlite
@@ -496,17 +496,17 @@ def run_bench(
             f"algorithm applies to the rate scenario only, got scenario {scenario!r}"
         )
     parsed = parse_url(url)
-    if parsed.dialect == "memory":
+    if parsed.kind.in_process:
         concurrency = 1  # no driver, no I/O: one thread is the measure
     if face == "auto":
-        face = "async" if parsed.dialect == "postgresql" else "sync"
+        face = parsed.kind.preferred_face
     driver = parsed.driver_for(asynchronous=face == "async")
     plain = url.split("://", 1)
     # Without a +driver suffix; the schemeless stores' schemes have none (and say TLS, cluster).
-    base_url = url if parsed.dialect in SCHEMALESS else f"{parsed.dialect}://{plain[1]}"
-    if parsed.dialect not in SCHEMALESS:
+    base_url = url if not parsed.kind.sql else f"{parsed.dialect}://{plain[1]}"
+    if parsed.kind.sql:
         migrate(url)
-    if fallback and (scenario != "rate" or parsed.dialect not in ("sqlite", "postgresql")):
+    if fallback and (scenario != "rate" or not parsed.kind.sql):
         raise ConfigurationError("fallback compares the rate scenario on SQLite or PostgreSQL")
     if acquire and (scenario != "rate" or fallback):
         raise ConfigurationError("acquire compares hit and acquire in the rate scenario only")
@@ -530,7 +530,7 @@ def run_bench(
         _measure(report, parsed, base_url, runs, labels, pool_size, say)
     finally:
         # Whatever happened: the keys it counted, none other (as `quota demo`).
-        if parsed.dialect != "memory":
+        if not parsed.kind.in_process:
             removed = _remove_keys(base_url, parsed, keys, quotas=scenario != "rate")
             say(f"bench: removed its {keys + 1} keys' rows ({removed} row(s))")
     return report
@@ -545,7 +545,7 @@ def _remove_keys(url: str, parsed: StoreURL, keys: int, *, quotas: bool = False)
     """Delete the windows and states of the benchmark's keys, and with `quotas` the usage
     and ledger rows of its quota (``bench``) for them; the rows deleted."""
     with connect(url) as limiter:
-        if parsed.dialect in SCHEMALESS:
+        if not parsed.kind.sql:
             return sum(limiter.reset(key) for key in _bench_keys(keys))
         return limiter.run(_reset_all(_bench_keys(keys), quotas), transaction=True)
 
@@ -583,11 +583,11 @@ def _measure(
     )  # fmt: skip
     for run in range(runs):
         order: tuple[str, ...] = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
-        if parsed.dialect == "memory" and not acquire:
+        if parsed.kind.in_process and not acquire:
             order = ("quota",)
         for side in order:
             call = ("hit" if side == "bare" else "acquire") if acquire else "rate_limit"
-            if parsed.dialect == "memory" and scenario == "rate":
+            if parsed.kind.in_process and scenario == "rate":
                 rate = _memory_quota(base_url, keys, duration, algorithm, call)
             elif scenario != "rate":
                 rate = _bench_quotas.measure(

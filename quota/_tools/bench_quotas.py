@@ -25,12 +25,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from quota._core.url import StoreURL
 from quota._limiter import connect, connect_async
 from quota._limiter.quota_types import QuotaLimit, RateWindow
 from quota._sql import quotas as q
 from quota._sql import statements as _sql
 from quota._stores.sqlite import aset_up, set_up
-from quota._stores.url import StoreURL
 from quota._tools.bench import _key_stream, _pg_connections, _tasks, _threads
 
 SCENARIOS = ("rate", "quota", "check")

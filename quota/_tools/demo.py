@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from quota._core.decision import Decision
+from quota._core.redaction import redact
 from quota._limiter import connect
 from quota._sql.migrate import migrate
-from quota._stores.url import redact
 
 WINDOW = 60
 ANON_LIMIT = 10

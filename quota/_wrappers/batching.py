@@ -43,7 +43,7 @@ stopped answering, a timeout) also fails the callers queued behind that
 batch, unsent and uncounted, rather than sending their batch down the same
 path: under a fallback each is decided from memory within its budget.
 
-**Redis** (``redis://``; the dialects of `PIPELINED_DIALECTS`): a batch is
+**Redis** (``redis://``; the stores declared ``pipelined``, `quota._core.url.DIALECTS`): a batch is
 one pipeline (`BATCH_HIT_REDIS`) of the very ``EVALSHA`` each hit runs one by
 one, in arrival order, sent in one round trip without ``MULTI``. Each script
 answers its own hit's count, so no sum is split. Redis runs each script
@@ -74,9 +74,11 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from quota._core.errors import StorageError
+from quota._core.url import DIALECTS
 from quota._sql import statements as _sql
-from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, InlineStore, Op, Rows, Step, SyncStore, call_deadline
+from quota._sql.statements import BATCH_HIT, BATCH_HIT_REDIS, Statement
+from quota._sql.steps import Op, Rows, Step
+from quota._stores.base import AsyncStore, InlineStore, SyncStore, call_deadline
 
 T = TypeVar("T")
 
@@ -100,14 +102,6 @@ _UPSERT = (
     " RETURNING bucket_key, count"
 )
 
-#: The name of every batch statement.
-BATCH_HIT = "hit_batch"
-#: Dialects whose batch is a pipeline of the one-by-one hits (`BATCH_HIT_REDIS`), whose
-#: rows are each hit's own count, in the order of the hits.
-PIPELINED_DIALECTS = frozenset({"redis", "redis-cluster"})
-#: Redis's batch: no SQL, its parameters the hits themselves (`quota._sql.statements.HIT`'s
-#: parameters each); the Redis store sends one script per hit in one pipeline.
-BATCH_HIT_REDIS = Statement(BATCH_HIT, "-- one pipeline of fixed-window scripts, one per hit")
 #: The statement this module batches, by name.
 _HIT = _sql.HIT.name
 
@@ -180,7 +174,7 @@ def batch_statement(dialect: str, hits: Sequence[Hit]) -> Step:
     Every row's ``updated_at`` is the batch's latest hit time. On Redis, the hits as they
     are, in arrival order (`BATCH_HIT_REDIS`).
     """
-    if dialect in PIPELINED_DIALECTS:
+    if DIALECTS[dialect].pipelined:
         return BATCH_HIT_REDIS, hits
     latest = 0.0
     if dialect == "postgresql":
@@ -240,7 +234,7 @@ def batch_counts(dialect: str, hits: Sequence[Hit], rows: Rows) -> list[Any]:
     caller gets it, the others their counts); `StorageError` if the number of rows is not
     the number of hits.
     """
-    if dialect not in PIPELINED_DIALECTS:
+    if not DIALECTS[dialect].pipelined:
         return split_counts(hits, rows)
     if len(rows) != len(hits):
         raise StorageError(f"the batch pipeline answered {len(rows)} counts for {len(hits)} hits")

@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from quota._core.errors import ConfigurationError, QuotaError, SchemaError, StorageError
+from quota._core.redaction import redact
 from quota._sql import statements as _sql
 from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, Op, Rows, Step, SyncStore, adrive, call_deadline, drive
-from quota._stores.url import redact
+from quota._sql.steps import Op, Rows, Step, adrive, drive
+from quota._stores.base import AsyncStore, SyncStore, call_deadline
 from quota._wrappers.batching import batch_statement, most_per_batch
 from quota._wrappers.metrics import Metrics
 

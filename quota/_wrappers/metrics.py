@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from quota._core.decision import check_int
 from quota._core.errors import ConfigurationError, QuotaError, SchemaError
 from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, Op, Rows, SyncStore
+from quota._sql.steps import Op, Rows
+from quota._stores.base import AsyncStore, SyncStore
 
 T = TypeVar("T")
 S = TypeVar("S", SyncStore, AsyncStore)
@@ -101,7 +102,7 @@ class Metrics:
     """Thread-safe in-process counters; see the module docstring for names and labels.
 
     One instance per process (or per limiter) is the usual setup; pass it to
-    the limiter, `quota.ConcurrencyGuard` and `quota.AbuseDetector`.
+    the limiter, `quota.http.shedding.ConcurrencyGuard` and `quota.AbuseDetector`.
     """
 
     def __init__(self, *, max_series: int = 1000) -> None:

@@ -29,7 +29,7 @@ from quota._sql.policies import (
     parse_setting,
 )
 from quota.admin._async import AsyncAdmin
-from quota.admin._common import Health, hash_secret_from_env, ip_subject, token_subject
+from quota.admin._common import Health
 from quota.admin._sync import Admin
 
 __all__ = [
@@ -41,8 +41,5 @@ __all__ = [
     "Health",
     "PolicyRow",
     "SettingRow",
-    "hash_secret_from_env",
-    "ip_subject",
     "parse_setting",
-    "token_subject",
 ]

@@ -76,11 +76,12 @@ from limits.storage.base import SlidingWindowCounterSupport, Storage, Timestampe
 from quota._core.decision import stored_key
 from quota._core.errors import ConfigurationError, StorageError
 from quota._core.parsing import parse_flag
+from quota._core.url import KNOWN_SCHEMES, parse_url
 from quota._limiter import AsyncLimiter, Limiter, connect, connect_async
 from quota._sql.partitions import IS_PARTITIONED
 from quota._sql.statements import Statement
-from quota._stores.base import AsyncStore, Rows, SyncStore
-from quota._stores.url import KNOWN_SCHEMES, parse_url
+from quota._sql.steps import Rows
+from quota._stores.base import AsyncStore, SyncStore
 
 __all__ = ["AsyncQuotaStorage", "QuotaStorage"]
 

@@ -43,6 +43,7 @@ from quota.http._responses import (
 )
 from quota.http._routes import RoutePolicy
 from quota.http._signals import PredictivePressure, Velocity
+from quota.http._subjects import hash_secret_from_env, ip_subject, token_subject
 
 __all__ = [
     "AUTH",
@@ -66,11 +67,14 @@ __all__ = [
     "Verdict",
     "build_guard",
     "drive_sync",
+    "hash_secret_from_env",
     "hashed_subject",
+    "ip_subject",
     "is_preflight",
     "problem",
     "rate_limit_headers",
     "sign",
+    "token_subject",
     "too_many_requests",
     "with_cors",
 ]

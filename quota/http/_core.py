@@ -35,6 +35,7 @@ from quota._core.algorithms import Rate
 from quota._core.decision import Decision
 from quota._core.errors import ConfigurationError, SchemaError
 from quota._core.factors import check_factors
+from quota._core.url import DIALECTS
 from quota._sql.policies import Snapshot, read_op
 from quota._wrappers.abuse import AbuseDetector, AlertCallback
 from quota._wrappers.fallback import Fallback, StoreDown
@@ -83,9 +84,6 @@ NO_ALERTS = 2**62
 #: A failing limiter is logged at most once per this many seconds, not once per request.
 ERROR_LOG_SECONDS = 10.0
 
-#: Stores whose limiter a middleware opens with group commit: the SQL ones (one
-#: statement) and Redis (one pipeline); the memory store decides in the process.
-BATCHING_DIALECTS = frozenset({"sqlite", "postgresql", "redis", "redis-cluster"})
 #: Stores a middleware's own limiter reaches over the network, and the fallback it gets
 #: there: a database that stops answering (at any step, the connect included) costs one
 #: request at most twice the budget, and later requests nothing while it is down.
@@ -837,7 +835,8 @@ async def drive_async(
 
 def own_limiter_settings(dialect: str) -> dict[str, Any]:
     """The settings of the limiter a middleware opens itself on a `dialect` store."""
-    settings: dict[str, Any] = {"batching": dialect in BATCHING_DIALECTS}
+    # Group commit where the store has something to group (`Dialect.batching`).
+    settings: dict[str, Any] = {"batching": DIALECTS[dialect].batching}
     if dialect in OWN_FALLBACK_DIALECTS:
         settings["fallback"] = OWN_FALLBACK
     return settings

@@ -330,7 +330,7 @@ def unavailable(retry_after: int) -> HttpResponse:
 
 
 def overloaded(retry_after: int, detail: str) -> HttpResponse:
-    """The 503 of load shedding (`quota.SheddingMiddleware`): too much work in flight.
+    """The 503 of load shedding (`quota.http.shedding.SheddingMiddleware`): too much work in flight.
 
     ``application/problem+json`` with ``code: OVERLOADED``, ``retry_after``
     and ``error: overloaded``.

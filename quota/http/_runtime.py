@@ -99,6 +99,7 @@ from typing import Any, Protocol, TypeVar
 from quota._core.algorithms import Rate
 from quota._core.errors import ConfigurationError
 from quota._core.rates import parse_rates
+from quota._core.url import SCHEMALESS
 from quota._sql.policies import (
     ABUSE_THRESHOLD,
     ANY,
@@ -113,7 +114,6 @@ from quota._sql.policies import (
     policy_row,
     setting_row,
 )
-from quota._stores.url import SCHEMALESS
 from quota.http._config import HttpConfig
 from quota.http._identity import Identity
 

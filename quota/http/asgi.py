@@ -35,10 +35,10 @@ from typing import Any
 from urllib.parse import quote
 
 from quota._core.errors import SchemaError
+from quota._core.url import SCHEMALESS, default_url, parse_url
 from quota._limiter import AsyncLimiter, Limiter, connect_async
 from quota._sql.statements import SCHEMA_VERSION
-from quota._stores.base import Op, Rows
-from quota._stores.url import SCHEMALESS, default_url, parse_url
+from quota._sql.steps import Op, Rows
 from quota._wrappers.abuse import AlertCallback
 from quota.http._capacity import Plans
 from quota.http._config import HttpConfig

@@ -14,7 +14,9 @@ block the traffic it protects.
 
 `SheddingMiddleware` wraps any ASGI app (no framework needed)::
 
-    app = quota.SheddingMiddleware(app, quota.ConcurrencyGuard.from_env(ceiling=64))
+    from quota.http.shedding import ConcurrencyGuard, SheddingMiddleware
+
+    app = SheddingMiddleware(app, ConcurrencyGuard.from_env(ceiling=64))
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from quota._core.url import default_url, parse_url
 from quota._limiter import Limiter, connect
-from quota._stores.url import default_url, parse_url
 from quota._wrappers.abuse import AlertCallback
 from quota.http._capacity import Plans
 from quota.http._config import HttpConfig

@@ -9,8 +9,8 @@ import pytest
 
 import quota
 from quota._sql.policies import read_op
-from quota.admin import Admin, AsyncAdmin, Health, PolicyRow, ip_subject, token_subject
-from quota.http import HttpConfig, hashed_subject
+from quota.admin import Admin, AsyncAdmin, Health, PolicyRow
+from quota.http import HttpConfig, hashed_subject, ip_subject, token_subject
 from quota.http._core import Guard
 from tests._support import Backend
 

@@ -40,7 +40,7 @@ from slowapi.errors import RateLimitExceeded
 
 import quota
 import quota.contrib.limits as adapter
-from quota._stores.url import parse_url
+from quota._core.url import parse_url
 from quota.contrib.limits import AsyncQuotaStorage, QuotaStorage
 from tests import _limits_support, _workers
 from tests._limits_support import Blocking, FakeTime

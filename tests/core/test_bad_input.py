@@ -21,8 +21,9 @@ from click.testing import CliRunner
 import quota
 from quota._cli import main
 from quota._core.decision import parse_duration
+from quota._core.redaction import redact
+from quota._core.url import KNOWN_SCHEMES, parse_url
 from quota._limiter import quota_types as _quotas
-from quota._stores.url import KNOWN_SCHEMES, parse_url, redact
 from quota.http import HttpConfig, RoutePolicy, sign
 from quota.http._identity import verify_signature
 from tests._http_support import FRAMEWORKS, make_client

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 import quota
 from quota._core.decision import parse_duration
-from quota._stores.url import KNOWN_SCHEMES, parse_url, redact
+from quota._core.redaction import redact
+from quota._core.url import KNOWN_SCHEMES, parse_url
 from quota.http import HttpConfig, RoutePolicy, sign
 from quota.http._core import Guard
 from quota.http._env import ENV_VARS

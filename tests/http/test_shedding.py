@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 import quota
-from quota.http.shedding import ENV_CEILING, ENV_RETRY_AFTER, Message, Scope
+from quota.http.shedding import (
+    ENV_CEILING,
+    ENV_RETRY_AFTER,
+    ConcurrencyGuard,
+    Message,
+    Scope,
+    SheddingMiddleware,
+)
 
 WAIT = 10.0  # seconds: the bound on every wait for an event
 C = 4  # the ceiling
@@ -35,49 +42,49 @@ class Boom(Exception):
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "4", None])
 def test_a_bad_ceiling_names_the_field_and_value(bad: object) -> None:
     with pytest.raises(quota.ConfigurationError, match=rf"ceiling .*{bad!r}"):
-        quota.ConcurrencyGuard(bad)  # type: ignore[arg-type]
+        ConcurrencyGuard(bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [0, -5, False, 2.0, "1"])
 def test_a_bad_retry_after_names_the_field_and_value(bad: object) -> None:
     with pytest.raises(quota.ConfigurationError, match=rf"retry_after .*{bad!r}"):
-        quota.ConcurrencyGuard(4, bad)  # type: ignore[arg-type]
+        ConcurrencyGuard(4, bad)  # type: ignore[arg-type]
 
 
 def test_from_env_reads_ceiling_and_retry_after() -> None:
-    guard = quota.ConcurrencyGuard.from_env(
+    guard = ConcurrencyGuard.from_env(
         environ={ENV_CEILING: "12", ENV_RETRY_AFTER: " 30 "}, ceiling=2, retry_after=5
     )
     assert (guard.ceiling, guard.retry_after) == (12, 30)
 
 
 def test_from_env_falls_back_to_the_arguments_when_unset() -> None:
-    guard = quota.ConcurrencyGuard.from_env(environ={}, ceiling=7, retry_after=3)
+    guard = ConcurrencyGuard.from_env(environ={}, ceiling=7, retry_after=3)
     assert (guard.ceiling, guard.retry_after) == (7, 3)
 
 
 def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_CEILING, "9")
     monkeypatch.delenv(ENV_RETRY_AFTER, raising=False)
-    assert quota.ConcurrencyGuard.from_env().ceiling == 9
+    assert ConcurrencyGuard.from_env().ceiling == 9
 
 
 def test_from_env_without_any_ceiling_says_which_variable_to_set() -> None:
     with pytest.raises(quota.ConfigurationError, match=ENV_CEILING):
-        quota.ConcurrencyGuard.from_env(environ={})
+        ConcurrencyGuard.from_env(environ={})
 
 
 @pytest.mark.parametrize("variable", [ENV_CEILING, ENV_RETRY_AFTER])
 @pytest.mark.parametrize("raw", ["abc", "0", "-3", "1.5", "99999999999"])
 def test_a_malformed_variable_is_named_with_its_value(variable: str, raw: str) -> None:
     with pytest.raises(quota.ConfigurationError) as info:
-        quota.ConcurrencyGuard.from_env(environ={variable: raw}, ceiling=4)
+        ConcurrencyGuard.from_env(environ={variable: raw}, ceiling=4)
     assert variable in str(info.value)
     assert repr(raw) in str(info.value)
 
 
 def test_overloaded_is_a_quota_error_carrying_retry_after() -> None:
-    guard = quota.ConcurrencyGuard(1, 42)
+    guard = ConcurrencyGuard(1, 42)
     with guard, pytest.raises(quota.Overloaded) as info, guard:
         pass
     assert isinstance(info.value, quota.QuotaError)
@@ -91,7 +98,7 @@ def test_overloaded_is_a_quota_error_carrying_retry_after() -> None:
 class _ThreadLoad:
     """N threads calling `enter(work)` at once, admitted ones held until `release`."""
 
-    def __init__(self, guard: quota.ConcurrencyGuard, outcome: str) -> None:
+    def __init__(self, guard: ConcurrencyGuard, outcome: str) -> None:
         self.guard = guard
         self.outcome = outcome
         self.lock = threading.Lock()
@@ -157,7 +164,7 @@ class _ThreadLoad:
 def test_threads_above_the_ceiling_are_shed_and_the_count_returns_to_zero(
     form: str, outcome: str
 ) -> None:
-    guard = quota.ConcurrencyGuard(C, retry_after=3)
+    guard = ConcurrencyGuard(C, retry_after=3)
     load = _ThreadLoad(guard, outcome)
     if form == "decorator":
         call = guard(load.work)
@@ -178,7 +185,7 @@ def test_threads_above_the_ceiling_are_shed_and_the_count_returns_to_zero(
 
 
 def test_a_decorated_function_keeps_its_name_and_result() -> None:
-    guard = quota.ConcurrencyGuard(2)
+    guard = ConcurrencyGuard(2)
 
     @guard
     def handler(x: int, *, y: int) -> int:
@@ -192,7 +199,7 @@ def test_a_decorated_function_keeps_its_name_and_result() -> None:
 
 
 def test_nested_entries_of_one_guard_each_take_a_slot() -> None:
-    guard = quota.ConcurrencyGuard(2)
+    guard = ConcurrencyGuard(2)
     with guard:
         with guard:
             assert guard.in_flight == 2
@@ -209,7 +216,7 @@ def test_nested_entries_of_one_guard_each_take_a_slot() -> None:
 class _TaskLoad:
     """N tasks entering the guard at once; admitted ones held until `release`."""
 
-    def __init__(self, guard: quota.ConcurrencyGuard, outcome: str) -> None:
+    def __init__(self, guard: ConcurrencyGuard, outcome: str) -> None:
         self.guard = guard
         self.outcome = outcome
         self.running = 0
@@ -266,7 +273,7 @@ class _TaskLoad:
 def test_tasks_above_the_ceiling_are_shed_and_the_count_returns_to_zero(
     form: str, outcome: str
 ) -> None:
-    guard = quota.ConcurrencyGuard(C)
+    guard = ConcurrencyGuard(C)
 
     async def main() -> _TaskLoad:
         load = _TaskLoad(guard, outcome)
@@ -295,7 +302,7 @@ def test_tasks_above_the_ceiling_are_shed_and_the_count_returns_to_zero(
 def test_a_decorated_coroutine_function_stays_a_coroutine_function() -> None:
     import inspect
 
-    guard = quota.ConcurrencyGuard(1)
+    guard = ConcurrencyGuard(1)
 
     @guard
     async def handler() -> int:
@@ -320,7 +327,7 @@ class _BrokenLock:
 def test_a_guard_whose_internals_fail_serves_the_request_and_logs_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    guard = quota.ConcurrencyGuard(1)
+    guard = ConcurrencyGuard(1)
     guard._lock = _BrokenLock()  # type: ignore[assignment]
     served = []
 
@@ -361,7 +368,7 @@ def test_a_failing_metrics_sink_does_not_stop_the_shedding(
         def record_shed(self, route: str = "") -> None:
             raise RuntimeError("metrics down")
 
-    guard = quota.ConcurrencyGuard(1, metrics=BrokenMetrics())
+    guard = ConcurrencyGuard(1, metrics=BrokenMetrics())
     log_errors = caplog.at_level(logging.ERROR, logger="quota")
     with log_errors, guard, pytest.raises(quota.Overloaded), guard:
         pass  # pragma: no cover
@@ -371,7 +378,7 @@ def test_a_failing_metrics_sink_does_not_stop_the_shedding(
 
 def test_sheds_are_counted_in_metrics_by_route() -> None:
     metrics = quota.Metrics()
-    guard = quota.ConcurrencyGuard(1, metrics=metrics, route="/search")
+    guard = ConcurrencyGuard(1, metrics=metrics, route="/search")
     with guard:
         for _ in range(3):
             with pytest.raises(quota.Overloaded), guard:
@@ -451,11 +458,11 @@ class _SlowApp:
 
 @pytest.mark.parametrize("outcome", ["success", "error", "cancel"])
 def test_the_middleware_answers_503_with_retry_after_above_the_ceiling(outcome: str) -> None:
-    guard = quota.ConcurrencyGuard(C, retry_after=9)
+    guard = ConcurrencyGuard(C, retry_after=9)
 
     async def main() -> tuple[_SlowApp, list[Any]]:
         inner = _SlowApp(outcome)
-        app = quota.SheddingMiddleware(inner, guard)
+        app = SheddingMiddleware(inner, guard)
         tasks = [asyncio.create_task(_call(app, _http_scope())) for _ in range(N)]
         try:
             await asyncio.wait_for(inner.entered.wait(), WAIT)
@@ -506,9 +513,9 @@ def test_the_middleware_answers_503_with_retry_after_above_the_ceiling(outcome: 
 
 @pytest.mark.parametrize("scope_type", ["lifespan", "websocket"])
 def test_lifespan_and_websocket_scopes_pass_through_even_at_the_ceiling(scope_type: str) -> None:
-    guard = quota.ConcurrencyGuard(1)
+    guard = ConcurrencyGuard(1)
     inner = _SlowApp("success")
-    app = quota.SheddingMiddleware(inner, guard)
+    app = SheddingMiddleware(inner, guard)
 
     async def main() -> list[Message]:
         with guard:  # the guard is full
@@ -520,21 +527,21 @@ def test_lifespan_and_websocket_scopes_pass_through_even_at_the_ceiling(scope_ty
 
 
 def test_the_middleware_lets_an_overloaded_from_the_app_propagate() -> None:
-    inner_guard = quota.ConcurrencyGuard(1)
+    inner_guard = ConcurrencyGuard(1)
 
     async def app(scope: Scope, receive: Any, send: Any) -> None:
         with inner_guard, inner_guard:
             pass  # pragma: no cover
 
-    guard = quota.ConcurrencyGuard(5)
+    guard = ConcurrencyGuard(5)
     with pytest.raises(quota.Overloaded):
-        asyncio.run(_call(quota.SheddingMiddleware(app, guard), _http_scope()))
+        asyncio.run(_call(SheddingMiddleware(app, guard), _http_scope()))
     assert guard.in_flight == 0
 
 
 def test_the_middleware_needs_a_guard() -> None:
     with pytest.raises(quota.ConfigurationError, match="guard"):
-        quota.SheddingMiddleware(_SlowApp("success"), 5)  # type: ignore[arg-type]
+        SheddingMiddleware(_SlowApp("success"), 5)  # type: ignore[arg-type]
 
 
 def test_the_middleware_in_front_of_a_starlette_app() -> None:
@@ -547,8 +554,8 @@ def test_the_middleware_in_front_of_a_starlette_app() -> None:
     async def home(request: Any) -> PlainTextResponse:
         return PlainTextResponse("hello")
 
-    guard = quota.ConcurrencyGuard(1, retry_after=4)
-    app = quota.SheddingMiddleware(Starlette(routes=[Route("/", home)]), guard)
+    guard = ConcurrencyGuard(1, retry_after=4)
+    app = SheddingMiddleware(Starlette(routes=[Route("/", home)]), guard)
     with TestClient(app) as client:  # runs the lifespan through the middleware
         assert client.get("/").text == "hello"
         with guard:  # one request already in flight: the next is shed

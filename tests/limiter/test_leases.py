@@ -26,38 +26,16 @@ import quota
 from quota._core import leases as _leases
 from quota._sql import statements as _sql
 from tests import _lease_workers as workers
-from tests._redis_cluster import RedisCluster, find_binaries, running_cluster
 from tests._support import Clock
 from tests._workers import run_processes
 from tests.conftest import EVERY_FACE, backend_params, dialect_of, store_url
 
-CLUSTER_FACES = ("cluster-sync", "cluster-async")
 #: Every store that shares leases between processes.
-SHARED = ("sqlite", "postgresql", "redis", "cluster")
+SHARED = ("sqlite", "postgresql", "redis", "redis-cluster")
 SPAWN = multiprocessing.get_context("spawn")
 
 
-# -- the stores ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def lease_cluster() -> Iterator[RedisCluster]:
-    """A private Redis Cluster for this module; skips without redis-server or redis-py."""
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        pytest.skip("Redis Cluster tests need redis-py: pip install 'quota[redis]'")
-    if find_binaries() is None:
-        pytest.skip("Redis Cluster tests need redis-server and redis-cli")
-    with running_cluster() as cluster:
-        yield cluster
-
-
-def _url(request: pytest.FixtureRequest, dialect: str) -> str:
-    if dialect == "cluster":
-        cluster: RedisCluster = request.getfixturevalue("lease_cluster")
-        return cluster.url(prefix=f"quota-test-{uuid.uuid4().hex[:12]}:")
-    return store_url(request, dialect)
+# -- the stores: `store_url` of the table of backends (tests/conftest.py) --------------------
 
 
 class Side:
@@ -103,11 +81,11 @@ class Side:
         self.loop.close()
 
 
-@pytest.fixture(params=backend_params(*EVERY_FACE, *CLUSTER_FACES))
+@pytest.fixture(params=backend_params(*EVERY_FACE))
 def side(request: pytest.FixtureRequest, clock: Clock) -> Iterator[Side]:
     """Every store and face on `clock`."""
     name: str = request.param
-    made = Side(name, _url(request, dialect_of(name)), clock)
+    made = Side(name, store_url(request, dialect_of(name)), clock)
     try:
         yield made
     finally:
@@ -229,7 +207,7 @@ def test_usage_and_top(side: Side) -> None:
 def test_cleanup_sweeps_dead_leases(
     request: pytest.FixtureRequest, name: str, clock: Clock
 ) -> None:
-    side = Side(name, _url(request, dialect_of(name)), clock)
+    side = Side(name, store_url(request, dialect_of(name)), clock)
     try:
         _dead(side, "a", 3, 10.0, clock())
         _dead(side, "b", 3, 10.0, clock())
@@ -331,10 +309,10 @@ def test_blocks_work_under_every_option(
         # memory:// refuses batching when it is opened: nothing to hold a block under.
         connect = quota.connect_async if name.endswith("-async") else quota.connect
         with pytest.raises(quota.ConfigurationError, match="batching"):
-            connect(_url(request, dialect_of(name)), **options)
+            connect(store_url(request, dialect_of(name)), **options)
         return
     options = dict(options)  # the parameter is shared by every row
-    side = Side(name, _url(request, dialect_of(name)), options.pop("clock", None), **options)
+    side = Side(name, store_url(request, dialect_of(name)), options.pop("clock", None), **options)
     try:
         blocks = [side.enter("job", 2) for _ in range(2)]
         with pytest.raises(quota.RateLimitTimeout):
@@ -417,7 +395,7 @@ ASYNC_SHARED = backend_params("sqlite-async", "postgresql-async", "memory-async"
 def test_a_waiter_cancelled_takes_nothing_and_frees_nothing(
     request: pytest.FixtureRequest, name: str
 ) -> None:
-    side = Side(name, _url(request, dialect_of(name)), None)
+    side = Side(name, store_url(request, dialect_of(name)), None)
     try:
         holder = side.enter("job", 1)
 
@@ -444,7 +422,7 @@ def test_a_waiter_cancelled_takes_nothing_and_frees_nothing(
 def test_a_take_cancelled_in_flight_gives_its_slot_back(
     request: pytest.FixtureRequest, name: str
 ) -> None:
-    side = Side(name, _url(request, dialect_of(name)), None)
+    side = Side(name, store_url(request, dialect_of(name)), None)
     try:
         side.limiter.store = _SlowAnswers(side.limiter.store, delay=0.4)
 
@@ -547,7 +525,7 @@ def _most_inside(path: Path) -> tuple[int, int]:
 def test_four_processes_never_have_more_than_the_limit_inside(
     request: pytest.FixtureRequest, dialect: str, tmp_path: Path
 ) -> None:
-    url = _url(request, dialect)
+    url = store_url(request, dialect)
     path = tmp_path / "inside.log"
     path.touch()
     key = f"crowd-{uuid.uuid4().hex[:6]}"
@@ -588,7 +566,7 @@ def _reaped(process: Any) -> Iterator[None]:
 def test_kill_9_of_a_holder_frees_its_slots_within_the_lease(
     request: pytest.FixtureRequest, dialect: str
 ) -> None:
-    url = _url(request, dialect)
+    url = store_url(request, dialect)
     lease = 1.0
     process, _ = _holder(url, "job", 2, 2, lease, 3600)
     with _reaped(process), quota.connect(url) as limiter:
@@ -609,7 +587,7 @@ def test_kill_9_of_a_holder_frees_its_slots_within_the_lease(
 def test_a_holder_inside_for_three_leases_keeps_its_slot(
     request: pytest.FixtureRequest, dialect: str
 ) -> None:
-    url = _url(request, dialect)
+    url = store_url(request, dialect)
     lease = 0.6
     process, out = _holder(url, "job", 1, 1, lease, 3 * lease + 0.3)
     with _reaped(process), quota.connect(url) as limiter:
@@ -633,7 +611,7 @@ def test_a_holder_inside_for_three_leases_keeps_its_slot(
 def test_a_slot_freed_in_another_process_is_taken_within_a_quarter_second(
     request: pytest.FixtureRequest, dialect: str
 ) -> None:
-    url = _url(request, dialect)
+    url = store_url(request, dialect)
     handoffs = []
     out, inbox = SPAWN.Queue(), SPAWN.Queue()
     process = SPAWN.Process(target=workers.hand_over, args=(url, "job", 6, out, inbox), daemon=True)

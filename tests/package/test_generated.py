@@ -8,8 +8,10 @@
 * `quota.connect`'s keyword settings are `quota.Options`' fields: the
   `OptionsDict` that types them names the same fields with the same types,
   and ``options=Options(...)`` is the other way to pass them.
-* `STORES` opens a store for every dialect a URL scheme can name: it and
-  `quota._stores.url.DIALECTS` (schemes and drivers) name the same dialects.
+* Every store declared in `quota._core.url.DIALECTS` opens on each face: the module it
+  names has ``open_sync`` and ``open_async``, and each of its schemes parses to it. The
+  tests' table of stores (`tests._support.STORES`) has an entry for each, so the contract
+  tests (`every_backend`) run on every one.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from pathlib import Path
 import pytest
 
 import quota
-from quota._limiter.base import STORES, OptionsDict
-from quota._stores.url import DIALECTS, KNOWN_SCHEMES, parse_url
+from quota._core.url import DIALECTS, KNOWN_SCHEMES, parse_url
+from quota._limiter.base import OptionsDict
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Each file unasyncd generates, and its async source ([tool.unasyncd.files]).
@@ -152,16 +154,37 @@ def test_fallback_true_is_a_default_fallback() -> None:
 
 def test_every_scheme_has_a_store_of_each_face() -> None:
     urls = [f"{s}:///q.db" if s.startswith("sqlite") else f"{s}://h/db" for s in KNOWN_SCHEMES]
-    assert {parse_url(url).dialect for url in urls} == set(STORES)
+    assert {parse_url(url).dialect for url in urls} == set(DIALECTS)
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_every_declared_store_opens_on_each_face(name: str) -> None:
+    import importlib
+    import inspect
+
+    module = importlib.import_module(DIALECTS[name].module)
+    for opener in (module.open_sync, module.open_async):
+        assert list(inspect.signature(opener).parameters) == ["parsed", "settings"]
 
 
 def test_stores_and_dialects_cover_each_other() -> None:
-    assert list(STORES) == list(DIALECTS)
     for name, dialect in DIALECTS.items():
         for scheme in dialect.schemes:
             assert scheme in KNOWN_SCHEMES
             assert (
-                parse_url(f"{scheme}:///q.db" if name == "sqlite" else f"{scheme}://h/db").dialect
+                parse_url(
+                    f"{scheme}:///q.db" if dialect.target == "path" else f"{scheme}://h/db"
+                ).dialect
                 == name
             )
     assert sorted(KNOWN_SCHEMES) == sorted(s for d in DIALECTS.values() for s in d.schemes)
+
+
+def test_every_declared_store_reaches_the_contract_tests() -> None:
+    from tests import conftest
+    from tests._support import STORES, split_row
+
+    assert list(STORES) == list(DIALECTS)
+    rows = {split_row(param.values[0]) for param in conftest.EVERY_BACKEND}
+    assert rows == {(name, face) for name in DIALECTS for face in ("sync", "async")}
+    assert set(conftest.SQL_DIALECTS) == {name for name, kind in DIALECTS.items() if kind.sql}

@@ -49,3 +49,12 @@ def test_the_admin_module_exports_exactly_its_public_names() -> None:
     assert len(set(quota.admin.__all__)) == len(quota.admin.__all__)
     assert set(quota.admin.__all__) == names
     assert {"Admin", "AsyncAdmin", "Health", "PolicyRow", "SettingRow"} <= names
+
+
+def test_load_shedding_lives_in_the_http_package() -> None:
+    """The shedding guard and middleware are HTTP pieces: `quota.http.shedding`, not `quota`."""
+    from quota.http import shedding
+
+    for name in ("ConcurrencyGuard", "SheddingMiddleware"):
+        assert not hasattr(quota, name)
+        assert isinstance(getattr(shedding, name), type)

@@ -196,7 +196,7 @@ def test_partition_maintenance_sets_nothing_on_the_session_even_when_a_statement
     pooled connection: a failing DETACH must not leave either behind (a durable
     quota transaction on that connection would then commit without waiting)."""
     from quota._sql import partitions as _partitions
-    from quota._stores.base import drive
+    from quota._sql.steps import drive
 
     now = 1_750_003_200 + 5 * _partitions.PARTITION_SECONDS
     old = 1_750_003_200
@@ -395,7 +395,7 @@ def _sweep_statements(dialect: str, cutoff: int, batch: int) -> list[tuple[str, 
     batch per table, as `ops.cleanup` yields them."""
     from quota._sql import ops as _ops
     from quota._sql import statements as _sql
-    from quota._stores.base import drive
+    from quota._sql.steps import drive
 
     sent: list[tuple[str, Any]] = []
 

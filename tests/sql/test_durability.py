@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import quota
-from quota._stores.base import Rows, Step
+from quota._sql.steps import Rows, Step
 
 
 def _show() -> Generator[Step, Rows, str]:

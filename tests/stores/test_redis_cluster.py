@@ -1,7 +1,8 @@
 """The Redis Cluster store on a real cluster of its own: three masters, three replicas.
 
-The cluster (tests/_redis_cluster.py) is started once for the session on free loopback
-ports and stopped at its end; each test works under a key prefix of its own. Tests that
+The cluster (tests/_redis_cluster.py; the ``redis_cluster`` fixture of tests/conftest.py,
+which the contract tests share) is started once for the session on free loopback ports and
+stopped at its end; each test works under a key prefix of its own. Tests that
 kill a master leave the cluster healed (the node started again, as a replica of the one
 promoted in its place) for the next. Without redis-server, redis-cli or redis-py they
 skip, saying why; under QUOTA_TEST_REQUIRE_POSTGRES=1 (CI) a missing server fails them.
@@ -13,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import os
 import subprocess
 import threading
 import time
@@ -25,35 +25,16 @@ import pytest
 
 import quota
 from quota import Fallback
+from quota._core.url import SCHEMALESS, parse_url
 from quota._stores import redis as _redis
 from quota._stores.redis_cluster import parse_cluster_url
-from quota._stores.url import SCHEMALESS, parse_url
-from tests._redis_cluster import RedisCluster, find_binaries, running_cluster
+from tests._redis_cluster import RedisCluster, running_cluster
 from tests._support import T0, Backend, Clock
-from tests.conftest import ENV_REQUIRE
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "gcra")
 DEADLINE = 30.0
 
 # -- the cluster -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[RedisCluster]:
-    """The session's cluster; skips (or fails, in CI) without Redis."""
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        pytest.skip("Redis Cluster tests need redis-py: pip install 'quota[redis]'")
-    if find_binaries() is None:
-        reason = (
-            "Redis Cluster tests need redis-server and redis-cli (apt-get install redis-server)"
-        )
-        if os.environ.get(ENV_REQUIRE) == "1":
-            pytest.fail(f"{reason} (and {ENV_REQUIRE}=1)", pytrace=False)
-        pytest.skip(reason)
-    with running_cluster() as cluster:
-        yield cluster
 
 
 @pytest.fixture

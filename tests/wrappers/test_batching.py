@@ -24,7 +24,8 @@ import pytest
 import quota
 from quota._core.decision import stored_key as quota_stored_key
 from quota._sql import statements as _sql
-from quota._stores.base import Rows, Step, call_deadline
+from quota._sql.steps import Rows, Step
+from quota._stores.base import call_deadline
 from quota._wrappers.batching import (
     SQLITE_MAX_BATCH,
     AsyncBatchingStore,

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from quota._stores.url import redact
+from quota._core.redaction import redact
 
 OK = "ok"
 WARN = "warn"

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quota._stores.url import StoreURL
+from quota._core.url import StoreURL
 from quota._tools.doctor.base import (
     ERROR,
     OK,

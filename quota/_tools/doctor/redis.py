@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from quota._stores.url import StoreURL
+from quota._core.url import StoreURL
 from quota._tools.doctor.base import ERROR, OK, WARN, Clock, Finding, display_url
 
 #: The one ``maxmemory-policy`` that never evicts quota's keys: a full Redis refuses

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from quota._core.errors import ConfigurationError
-from quota._stores.url import StoreURL, default_url, parse_url
+from quota._core.url import StoreURL, default_url, parse_url
 from quota._tools.doctor import connection, postgres, redis, schema, sqlite
 from quota._tools.doctor.base import ERROR, OK, Clock, Finding, checked
 from quota._tools.doctor.clock import clock_skew

@@ -35,9 +35,10 @@ from django.core.signals import setting_changed
 from django.db import connections
 
 from quota._core.errors import ConfigurationError
+from quota._core.redaction import redact
+from quota._core.url import parse_url
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
 from quota._limiter.base import options_from
-from quota._stores.url import parse_url, redact
 
 __all__ = [
     "ImproperlyConfigured",

@@ -40,8 +40,8 @@ from django.http import HttpResponse as DjangoResponse
 from django.utils.module_loading import import_string
 
 from quota._core.errors import ConfigurationError
+from quota._core.url import parse_url
 from quota._limiter import AsyncLimiter, Limiter
-from quota._stores.url import parse_url
 from quota.contrib.django import conf
 from quota.contrib.django.conf import ImproperlyConfigured
 from quota.http import (

@@ -29,8 +29,8 @@ from django.core.management.base import CommandError
 from django.db.migrations.operations.base import Operation
 
 from quota._core.errors import ConfigurationError
+from quota._core.url import SCHEMALESS, parse_url
 from quota._sql import migrate as _migrate
-from quota._stores.url import SCHEMALESS, parse_url
 from quota.contrib.django import conf
 
 #: quota's revision below its first: no quota tables.

@@ -56,7 +56,7 @@ def test_postgresql_options_become_libpq_parameters(alias_settings: Any) -> None
         "/app?sslmode=require&options=-c%20search_path%3Dapp&application_name=web"
         "&prepared_statements=false"
     )
-    from quota._stores.url import parse_url
+    from quota._core.url import parse_url
 
     parsed = parse_url(url)
     assert parsed.prepared_statements is False

@@ -22,15 +22,20 @@ from urllib.parse import parse_qsl, urlencode
 
 from quota._core.errors import ConfigurationError
 from quota._core.parsing import parse_flag
+from quota._core.redaction import redact
+
+# Store URLs are shown without their password; the functions that hide it are this
+# module's too (most callers import them from here).
 
 #: Where the embedded default keeps its counters when nothing is configured.
 DEFAULT_URL = "sqlite:///quota.sqlite3"
 ENV_VAR = "QUOTA_DATABASE_URL"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Dialect:
-    """What quota knows of one kind of store: its URL schemes and each face's driver."""
+    """One kind of store, declared once: its URL schemes, each face's driver, what it can
+    do, and where it is opened. Every other table of stores derives from `DIALECTS`."""
 
     schemes: tuple[str, ...]
     """The URL schemes that name it (with a ``+driver`` suffix too, where one exists)."""
@@ -38,27 +43,64 @@ class Dialect:
     """The driver of the sync face (`quota.connect`)."""
     async_driver: str
     """The driver of the async face (`quota.connect_async`)."""
-    schemaless: bool = False
-    """True when it keeps no SQL schema (nothing to migrate)."""
+    target: str
+    """How `parse_url` reads the rest of a URL: ``"path"`` (a file), ``"dsn"`` (a libpq URL
+    and quota's own query parameters), ``"name"`` (``NAME?options``) or ``"url"`` (whole)."""
+    module: str
+    """The module of `quota._stores` whose ``open_sync`` and ``open_async`` open it
+    (imported when a store is opened, so that ``import quota`` imports no driver)."""
+    sql: bool = True
+    """It keeps an SQL schema: migrations, durable quotas, leases, runtime policies,
+    cleanup. False: rate limits only, nothing to migrate."""
+    batching: bool = True
+    """Group commit (``batching=True``) has something to group: a round trip per hit."""
+    pipelined: bool = False
+    """A batch is a pipeline of the one-by-one hits (Redis), each answering its own count,
+    rather than one SQL statement summing them."""
+    schemas: bool = False
+    """Its tables may live in a named schema (``?schema=``, ``schema=``)."""
+    in_process: bool = False
+    """No I/O at all: the store lives in this process."""
+    speaks_redis: bool = False
+    """A Redis server (or cluster) answers, running quota's Lua scripts."""
+    preferred_face: str = "sync"
+    """The face that gets the most from it (``quota bench`` measures it by default)."""
+
+    @property
+    def schemaless(self) -> bool:
+        """True when it keeps no SQL schema (nothing to migrate)."""
+        return not self.sql
 
 
-#: Every dialect quota opens, by the name `StoreURL.dialect` carries: the one source of the
-#: URL schemes and drivers. ``quota._limiter.base.STORES`` opens a store for each (a test
-#: keeps the two in step).
+#: Every store quota opens, by the name `StoreURL.dialect` carries: the one declaration of
+#: each store. The URL schemes, the drivers, the store openers (`quota._stores.base.open_sync`)
+#: and every capability table are read from it.
 DIALECTS: dict[str, Dialect] = {
-    "sqlite": Dialect(("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite"), "pysqlite", "aiosqlite"),
+    "sqlite": Dialect(
+        schemes=("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite"),
+        sync_driver="pysqlite", async_driver="aiosqlite", target="path",
+        module="quota._stores.sqlite",
+    ),
     "postgresql": Dialect(
-        ("postgres", "postgresql", "postgresql+asyncpg", "postgresql+psycopg"), "psycopg", "asyncpg"
+        schemes=("postgres", "postgresql", "postgresql+asyncpg", "postgresql+psycopg"),
+        sync_driver="psycopg", async_driver="asyncpg", target="dsn",
+        module="quota._stores.postgres", schemas=True, preferred_face="async",
     ),
-    "memory": Dialect(("memory",), "memory", "memory", schemaless=True),
-    "redis": Dialect(("redis", "rediss"), "redis", "redis.asyncio", schemaless=True),
+    "memory": Dialect(
+        schemes=("memory",), sync_driver="memory", async_driver="memory", target="name",
+        module="quota._stores.memory", sql=False, batching=False, in_process=True,
+    ),
+    "redis": Dialect(
+        schemes=("redis", "rediss"), sync_driver="redis", async_driver="redis.asyncio",
+        target="url", module="quota._stores.redis", sql=False, pipelined=True,
+        speaks_redis=True,
+    ),
     "redis-cluster": Dialect(
-        ("redis+cluster", "rediss+cluster"),
-        "redis.cluster",
-        "redis.asyncio.cluster",
-        schemaless=True,
+        schemes=("redis+cluster", "rediss+cluster"), sync_driver="redis.cluster",
+        async_driver="redis.asyncio.cluster", target="url", module="quota._stores.redis_cluster",
+        sql=False, pipelined=True, speaks_redis=True,
     ),
-}
+}  # fmt: skip
 _SYNC_DRIVERS = {name: dialect.sync_driver for name, dialect in DIALECTS.items()}
 _ASYNC_DRIVERS = {name: dialect.async_driver for name, dialect in DIALECTS.items()}
 #: Stores without a SQL schema (nothing to migrate).
@@ -83,6 +125,11 @@ class StoreURL:
     parameters (PostgreSQL), ``NAME?options`` (memory) or the URL itself (Redis, Redis Cluster)."""
     parameters: Mapping[str, bool | str] = field(default_factory=dict)
     """quota's own query parameters of a PostgreSQL URL (`QUOTA_PARAMETERS`)."""
+
+    @property
+    def kind(self) -> Dialect:
+        """The declaration of its store (`DIALECTS`)."""
+        return DIALECTS[self.dialect]
 
     @property
     def prepared_statements(self) -> bool:
@@ -122,10 +169,10 @@ class StoreURL:
                 f"url {redact(self.url)!r} is a {self.dialect} store, which keeps no SQL schema:"
                 " there is nothing to migrate (migrations are for sqlite:// and postgresql://)"
             )
-        if self.dialect == "sqlite":
-            return f"sqlite:///{self.target}"
-        driver = self.driver or "asyncpg"
-        return f"postgresql+{driver}://{self.target.split('://', 1)[1]}"
+        if self.kind.target == "path":
+            return f"{self.dialect}:///{self.target}"
+        driver = self.driver or self.kind.async_driver
+        return f"{self.dialect}+{driver}://{self.target.split('://', 1)[1]}"
 
 
 #: Query parameters of a PostgreSQL URL that are quota's own, not libpq's.
@@ -169,51 +216,6 @@ def own_parameters(url: str, target: str) -> tuple[str, dict[str, bool | str]]:
     return (f"{base}?{urlencode(kept)}" if kept else base), own
 
 
-#: A password given as a query parameter (libpq's ``password`` and ``sslpassword``).
-_QUERY_PASSWORD = re.compile(r"(?i)(^|[?&;\s])((?:ssl)?pass(?:word|wd)?=)[^&;#\s]*")
-
-
-def redact(url: str) -> str:
-    """`url` without its password, for messages and logs.
-
-    Never raises. Hides the password of ``scheme://user:password@host`` even
-    when it holds (unencoded) ``@``, ``:``, ``/``, ``?`` or ``#``: everything
-    between the user name and the last ``@`` before the path is the password.
-    A ``password=`` (or ``sslpassword=``) query parameter is hidden too.
-    Text without ``://`` gets the same treatment (``user:pw@host``, or a
-    libpq key/value string with ``password=…``).
-    """
-    if not isinstance(url, str):
-        return repr(url)
-    scheme, sep, rest = url.partition("://")
-    if not sep:  # not a URL (``user:pw@host`` or ``host=… password=…``): hide the same
-        scheme, rest = "", url
-    first_at = rest.find("@")
-    if first_at >= 0:
-        # The host part ends at the first "/" after an "@" (libpq: credentials never
-        # hold a "/" it understands, so a "/" before the last "@" is still password).
-        slash = rest.find("/", first_at)
-        head, tail = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
-        creds, _, host = head.rpartition("@")
-        if ":" in creds:
-            creds = creds.split(":", 1)[0] + ":***"
-        rest = f"{creds}@{host}{tail}"
-    return scheme + sep + _QUERY_PASSWORD.sub(r"\1\2***", rest)
-
-
-#: A URL inside a message: a scheme, ``://``, then everything up to a blank or a quote.
-#: (``scheme://[``: a bracketed IPv6 host, or a template such as ``redis://[:password@]host``.)
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?!\[)[^\s'\"<>`]+")
-
-
-def redact_text(text: str) -> str:
-    """`text` with the password of every URL in it hidden (see `redact`), whatever its
-    scheme, and every ``password=`` parameter outside one too."""
-    if "://" in text:
-        text = _URL_IN_TEXT.sub(lambda found: redact(found.group(0)), text)
-    return _QUERY_PASSWORD.sub(r"\1\2***", text)
-
-
 def default_url() -> str:
     """``$QUOTA_DATABASE_URL``, else the embedded SQLite file in the working directory."""
     return os.environ.get(ENV_VAR) or DEFAULT_URL
@@ -234,12 +236,13 @@ def parse_url(url: object) -> StoreURL:
             f"unknown url scheme {scheme!r} in {redact(url)!r};"
             f" known schemes: {', '.join(KNOWN_SCHEMES)}"
         )
-    if dialect == "memory":
-        return StoreURL(url, "memory", None, rest)
-    if dialect in ("redis", "redis-cluster"):
+    target = DIALECTS[dialect].target
+    if target == "name":
+        return StoreURL(url, dialect, None, rest)
+    if target == "url":
         return StoreURL(url, dialect, None, url)
     driver = scheme.partition("+")[2]
-    if dialect == "sqlite":
+    if target == "path":
         # sqlite:///rel.db -> "rel.db"; sqlite:////abs.db -> "/abs.db"
         path = rest[1:] if rest.startswith("/") else rest
         path = path.split("?", 1)[0]
@@ -248,6 +251,6 @@ def parse_url(url: object) -> StoreURL:
                 f"url {redact(url)!r} is an in-memory SQLite database, which every connection sees"
                 " empty; give a file path, e.g. sqlite:///quota.sqlite3"
             )
-        return StoreURL(url, "sqlite", driver or None, path)
-    dsn, own = own_parameters(url, f"postgresql://{rest}")
-    return StoreURL(url, "postgresql", driver or None, dsn, own)
+        return StoreURL(url, dialect, driver or None, path)
+    dsn, own = own_parameters(url, f"{dialect}://{rest}")
+    return StoreURL(url, dialect, driver or None, dsn, own)
