@@ -62,11 +62,13 @@ from quota.http._responses import (
     PolicyShape,
     ResponseFactory,
     expose,
+    ietf_items,
+    partition_key,
     rate_limit_headers,
     too_many_requests,
     unavailable,
 )
-from quota.http._runtime import Snapshot, read_op, runtime_policies
+from quota.http._runtime import Override, Snapshot, read_op, runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
 if TYPE_CHECKING:
@@ -216,6 +218,8 @@ class Plan:
     extra: tuple[Hit, ...] = ()
     """Buckets counted beside the caller's own once it allows: the tenant's,
     and the per-IP ceiling of unvalidated tokens."""
+    shapes: tuple[PolicyShape, ...] | None = None
+    """How the headers describe each bucket (`hit`'s, then `extra`'s), made on first use."""
 
 
 def resolve_secret(config: HttpConfig, dialect: str) -> bytes:
@@ -270,6 +274,9 @@ class Guard:
         self.clock = clock
         self._scaled = ScaledRates()
         self._shapes: dict[tuple[str, int], tuple[tuple[Rate, ...], PolicyShape]] = {}
+        # The plans of repeat callers, valid for `_planned_for` (the config they were made under).
+        self._planned: dict[tuple[int, str, str, str | None, str | None], Plan] = {}
+        self._planned_for = config
         # Identities of repeat callers (bounded; raw values stay in this process's memory).
         self._identities: dict[tuple[str, str], Identity] = {}
         self._last_error_log = -1e18
@@ -415,14 +422,35 @@ class Guard:
 
     def plan(self, route: RoutePolicy, request: RequestInfo, now: float) -> Plan | None:
         """What `request` counts as on `route`, or None when it is exempt."""
-        config = self.config
         identity, unchecked_from = self._resolve(request, now)
+        override = self.runtime.lookup(route.name, identity) if self.runtime is not None else None
+        if override is not None or self._pressure is not None:
+            return self._plan(route, identity, unchecked_from, override)
+        if identity.tenant is not None and self.plans is not None:
+            return self._plan(route, identity, unchecked_from, None)
+        # Nothing that changes between requests applies: the caller's last plan holds.
+        if self._planned_for is not self.config:
+            self._planned, self._planned_for = {}, self.config
+        key = (id(route), identity.tier, identity.subject, identity.tenant, unchecked_from)
+        plan = self._planned.get(key)
+        if plan is None:
+            plan = self._plan(route, identity, unchecked_from, None)
+            if plan is not None:
+                if len(self._planned) >= 65536:
+                    self._planned.clear()
+                self._planned[key] = plan
+        return plan
+
+    def _plan(
+        self, route: RoutePolicy, identity: Identity, unchecked_from: str | None,
+        override: Override | None,
+    ) -> Plan | None:  # fmt: skip
+        config = self.config
         tier = identity.tier
         cost, fail_open = route.cost, route.fail_open
         rates: tuple[Rate, ...] | None = None
         base = route.base_rates
         scale = 1.0
-        override = self.runtime.lookup(route.name, identity) if self.runtime is not None else None
         exact = False
         if override is not None:
             row = override.row
@@ -520,10 +548,17 @@ class Guard:
         route, tier = plan.route.name, plan.identity.tier
         metrics = self.metrics
         metrics.count("hits", route, tier)
-        shape: PolicyShape | None = None
-        deciding = plan.hit
+        shapes = plan.shapes
+        if shapes is None:
+            shapes = plan.shapes = tuple(
+                self._shape(_bucket_name(route, hit.scope), hit.rates)
+                for hit in (plan.hit, *plan.extra)
+            )
+        at = 0
         if buckets is not None:
-            deciding, decision, shape, shared = self._deciding(route, buckets, now)
+            at = _deciding(buckets)
+            decision = buckets[at][1]
+        deciding, shape = (plan.hit, *plan.extra)[at], shapes[at]
         blocked = not decision.allowed
         if metrics.sink is not None:
             metrics.sink.record_decision(decision.allowed, route=route, tier=tier)
@@ -534,15 +569,13 @@ class Guard:
                 metrics.sink.observe_velocity(rate, route=route, tier=tier)
             elif metrics.observed:
                 metrics.inc("velocity", route=route, tier=tier, le=velocity_le(rate))
-        if shape is None:
-            shape = self._shape(route, plan.hit.rates)
         headers = rate_limit_headers(
             decision, shape, now, self.config.headers,
             retry_after=blocked and not plan.shadow,
             partition=deciding.key if self.config.partition_key else None, secret=self.secret,
         )  # fmt: skip
         if buckets is not None:
-            headers = _merged(headers, shared)
+            self._add_shared(headers, buckets, shapes, at, now)
         if self.config.headers in LANE_STYLES:
             lane = self._lanes.get(tier)
             if lane is None:
@@ -566,33 +599,44 @@ class Guard:
                         tuple(shown), default)  # fmt: skip
         return Verdict(self._respond(denial), [])
 
-    def _deciding(
-        self, route: str, buckets: list[tuple[Hit, Decision]], now: float
-    ) -> tuple[Hit, Decision, PolicyShape, Headers]:
-        """The deciding bucket, its decision and shape, and the headers the others add."""
-        # The bucket that refused; when all allowed, the one closest to refusing.
-        at = next((i for i, (_, d) in enumerate(buckets) if not d.allowed), None)
-        if at is None:
-            at = min(range(len(buckets)), key=lambda i: buckets[i][1].remaining)
-        hit, decision = buckets[at]
-        shape = self._shape(_bucket_name(route, hit.scope), hit.rates)
-        style = self.config.headers
-        shared: Headers = []
-        if style in ("both", "legacy"):
-            shared.append(("X-RateLimit-Scope", hit.scope))
-            for other, seen in buckets:
-                if other.scope == "tenant":
-                    shared.append(("X-RateLimit-Tenant-Remaining", str(seen.remaining)))
+    def _add_shared(
+        self, headers: Headers, buckets: list[tuple[Hit, Decision]],
+        shapes: tuple[PolicyShape, ...], at: int, now: float,
+    ) -> None:  # fmt: skip
+        """Fold the other buckets into `headers`, those of the deciding one (`buckets[at]`).
+
+        ``X-RateLimit-Scope`` names the deciding bucket and
+        ``X-RateLimit-Tenant-Remaining`` tells the tenant's (before a
+        Retry-After, which stays last); ``RateLimit-Policy`` and ``RateLimit``
+        list every bucket's item, the deciding one's first.
+        """
+        config = self.config
+        style = config.headers
         if style in ("both", "ietf"):
+            policies, items = [], []
             for i, (other, seen) in enumerate(buckets):
                 if i != at:
-                    other_shape = self._shape(_bucket_name(route, other.scope), other.rates)
-                    shared += rate_limit_headers(
-                        seen, other_shape, now, "ietf", retry_after=False,
-                        partition=other.key if self.config.partition_key else None,
-                        secret=self.secret,
-                    )  # fmt: skip
-        return hit, decision, shape, shared
+                    pk = partition_key(other.key, self.secret) if config.partition_key else None
+                    policy, item = ietf_items(seen, shapes[i], now, pk)
+                    policies.append(policy)
+                    items.append(item)
+            if policies:
+                for i, (name, value) in enumerate(headers):
+                    if name == "RateLimit-Policy":
+                        headers[i] = (name, ", ".join((value, *policies)))
+                    elif name == "RateLimit":
+                        headers[i] = (name, ", ".join((value, *items)))
+        if style in ("both", "legacy"):
+            plain = [("X-RateLimit-Scope", buckets[at][0].scope)]
+            plain += [
+                ("X-RateLimit-Tenant-Remaining", str(seen.remaining))
+                for other, seen in buckets
+                if other.scope == "tenant"
+            ]
+            end = len(headers)
+            if end and headers[-1][0] == "Retry-After":  # keep it last
+                end -= 1
+            headers[end:end] = plain
 
     def _failure(
         self, route: RoutePolicy, tier: str, request: RequestInfo, fail_open: bool,
@@ -686,36 +730,12 @@ def _bucket_name(route: str, scope: str) -> str:
     return route if scope == "caller" else f"{route}-{scope}"
 
 
-def _merged(headers: Headers, shared: Headers) -> Headers:
-    """`headers` of the deciding bucket with the other buckets' `shared` ones folded in.
-
-    A field the others repeat (``RateLimit``, ``RateLimit-Policy``) becomes
-    one list, the deciding bucket's item first; the rest are appended.
-    """
-    if not shared:
-        return headers
-    extra: dict[str, list[str]] = {}
-    plain: Headers = []
-    for name, value in shared:
-        lowered = name.lower()
-        if lowered in _LIST_FIELDS:
-            extra.setdefault(lowered, []).append(value)
-        else:
-            plain.append((name, value))
-    out: Headers = []
-    at = -1
-    for name, value in headers:
-        more = extra.pop(name.lower(), None) if extra else None
-        if at < 0 and name == "Retry-After":
-            at = len(out)
-        out.append((name, value if more is None else ", ".join([value, *more])))
-    if at >= 0:  # keep Retry-After last, after ours
-        return [*out[:at], *plain, *out[at:]]
-    return [*out, *plain]
-
-
-#: The fields `_merged` folds into one list.
-_LIST_FIELDS = frozenset({"ratelimit", "ratelimit-policy"})
+def _deciding(buckets: list[tuple[Hit, Decision]]) -> int:
+    """The bucket that decides: the first that refused; when all allowed, the one closest to refusing."""
+    for i, (_, decision) in enumerate(buckets):
+        if not decision.allowed:
+            return i
+    return min(range(len(buckets)), key=lambda i: buckets[i][1].remaining)
 
 
 # -- the two drivers ---------------------------------------------------------------
