@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from quota._core.algorithms import Rate
 from quota._core.decision import Decision
@@ -72,6 +72,8 @@ from quota.http._runtime import Override, Snapshot, read_op, runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from quota._limiter.async_face import AsyncLimiter
     from quota._limiter.sync_face import Limiter
 
@@ -240,25 +242,63 @@ def resolve_secret(config: HttpConfig, dialect: str) -> bytes:
     return secrets.token_bytes(32)
 
 
+class GuardOptions(TypedDict, total=False):
+    """The hooks of a `Guard`, declared once: every HTTP entry point takes them as keywords.
+
+    `quota.http.asgi.QuotaMiddleware`, `quota.http.wsgi.QuotaWSGIMiddleware`,
+    `quota.http.fastapi.RateLimit` and `Guard` take each as a keyword of the
+    same name (``**hooks``; each defaults to None) and pass them on together;
+    Django's middleware reads them from ``QUOTA["HTTP"]["hooks"]``. See
+    `QuotaMiddleware` for what each does.
+    """
+
+    identify: IdentifyHook | None
+    token_validator: TokenValidator | None
+    response_factory: ResponseFactory | None
+    plans: Plans | None
+    pressure: Callable[[], float] | None
+    clock: Callable[[], float] | None
+    observer: ObserverLike | None
+    on_abuse: AlertCallback | None
+
+
+#: The names of the hooks, as `GuardOptions` declares them.
+HOOKS: tuple[str, ...] = tuple(GuardOptions.__annotations__)
+
+
+def guard_options(where: str, hooks: Mapping[str, Any]) -> GuardOptions:
+    """Every hook of `hooks` (None for those not given); `TypeError` for a name not a hook.
+
+    `where` names the callable the keywords were passed to, as Python's own
+    message for an unexpected keyword argument does.
+    """
+    for name in hooks:
+        if name not in HOOKS:
+            raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+    found: dict[str, Any] = dict.fromkeys(HOOKS)
+    found.update(hooks)
+    return cast(GuardOptions, found)
+
+
 class Guard:
     """The decision core of the HTTP layer, shared by every driver; see the module docstring."""
 
-    def __init__(
-        self,
-        config: HttpConfig,
-        *,
-        dialect: str,
-        identify: IdentifyHook | None = None,
-        token_validator: TokenValidator | None = None,
-        response_factory: ResponseFactory | None = None,
-        plans: Plans | None = None,
-        pressure: Callable[[], float] | None = None,
-        clock: Callable[[], float] = time.time,
-        observer: ObserverLike | None = None,
-        on_abuse: AlertCallback | None = None,
-    ) -> None:
+    def __init__(self, config: HttpConfig, *, dialect: str, **hooks: Unpack[GuardOptions]) -> None:
+        """A guard deciding by `config` on a store of `dialect`; see `GuardOptions` for `hooks`.
+
+        Without a ``clock`` hook it reads `time.time`.
+        """
         if not isinstance(config, HttpConfig):
             raise ConfigurationError(f"config must be an HttpConfig, got {config!r}")
+        given = guard_options("Guard", hooks)
+        identify, token_validator = given["identify"], given["token_validator"]
+        response_factory, plans, pressure = (
+            given["response_factory"],
+            given["plans"],
+            given["pressure"],
+        )
+        clock = given["clock"] or time.time
+        observer, on_abuse = given["observer"], given["on_abuse"]
         self.config = config
         self.metrics = HttpMetrics(observer)
         self.plans = plans
@@ -732,53 +772,34 @@ def _bucket_name(route: str, scope: str) -> str:
 
 def _deciding(buckets: list[tuple[Hit, Decision]]) -> int:
     """The bucket that decides: the first that refused; when all allowed, the one closest to refusing."""
+    at, least = 0, -1
     for i, (_, decision) in enumerate(buckets):
         if not decision.allowed:
             return i
-    return min(range(len(buckets)), key=lambda i: buckets[i][1].remaining)
+        if least < 0 or decision.remaining < least:
+            at, least = i, decision.remaining
+    return at
 
 
 # -- the two drivers ---------------------------------------------------------------
 
 
-class GuardOptions(TypedDict):
-    """The hooks every HTTP entry point hands its `Guard`, as `build_guard` takes them.
-
-    `quota.http.asgi.QuotaMiddleware`, `quota.http.wsgi.QuotaWSGIMiddleware`
-    and `quota.http.fastapi.RateLimit` take each as a keyword of the same
-    name (default None) and pass them on together; see `QuotaMiddleware` for
-    what each does.
-    """
-
-    identify: IdentifyHook | None
-    token_validator: TokenValidator | None
-    response_factory: ResponseFactory | None
-    plans: Plans | None
-    pressure: Callable[[], float] | None
-    clock: Callable[[], float] | None
-    observer: ObserverLike | None
-    on_abuse: AlertCallback | None
-
-
 def build_guard(
     config: HttpConfig | None, options: GuardOptions, *, dialect: str,
-    app_clock: Callable[[], float] | None,
+    app_clock: Callable[[], float] | None, where: str = "build_guard",
 ) -> Guard:  # fmt: skip
     """The `Guard` of a middleware or dependency on a store of `dialect`.
 
     `config` None is `HttpConfig.from_env` with `DEFAULT_POLICY` as the
     default class; without a ``clock`` hook the guard reads `app_clock` (the
-    limiter's), else `time.time`.
+    limiter's), else `time.time`. Raises `TypeError` for a key of `options`
+    that is not a hook, naming `where` (the entry point they were passed to).
     """
+    hooks = guard_options(where, options)
     if config is None:
         config = HttpConfig.from_env(default=DEFAULT_POLICY)
-    return Guard(
-        config, dialect=dialect, identify=options["identify"],
-        token_validator=options["token_validator"], response_factory=options["response_factory"],
-        plans=options["plans"], pressure=options["pressure"],
-        clock=options["clock"] or app_clock or time.time, observer=options["observer"],
-        on_abuse=options["on_abuse"],
-    )  # fmt: skip
+    hooks["clock"] = hooks["clock"] or app_clock
+    return Guard(config, dialect=dialect, **hooks)
 
 
 def drive_sync(flow: Flow, hit: Callable[[Hit], Decision], load: Callable[[], Any]) -> Verdict:
@@ -909,6 +930,7 @@ def async_effects(
 
 
 __all__ = [
+    "HOOKS",
     "LOAD_POLICIES",
     "PASS",
     "Guard",
