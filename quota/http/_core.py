@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, cast
 
 from quota._core.algorithms import Rate
 from quota._core.decision import Decision
@@ -68,7 +68,7 @@ from quota.http._responses import (
     too_many_requests,
     unavailable,
 )
-from quota.http._runtime import Override, Snapshot, read_op, runtime_policies
+from quota.http._runtime import Override, read_op, runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ class Verdict:
 
 PASS = Verdict(None, [])
 Flow = Generator[Effect, Any, Verdict]
+R = TypeVar("R")
 
 
 class HttpMetrics:
@@ -844,6 +845,52 @@ def own_limiter_settings(dialect: str) -> dict[str, Any]:
     return settings
 
 
+class _Calls(Generic[R]):
+    """The limiter calls behind a `Hit` and `LOAD_POLICIES`, for either face.
+
+    `R` is what the face's calls return: a `Decision` (sync) or an awaitable
+    of one. A single rate goes through ``rate_limit`` (the limiter's hot path
+    for a fixed window), several through ``hit``. On a limiter with a
+    fallback, a fail-closed class's hit raises `StoreDown` while the store is
+    down (the class answers 503) instead of being decided from memory.
+    """
+
+    __slots__ = ("_hit", "_limiter", "_rate_limit", "_routes", "guarded", "store")
+
+    def __init__(self, limiter: Limiter | AsyncLimiter, routes: Sequence[str]) -> None:
+        self._limiter = limiter
+        self._rate_limit: Callable[..., R] = limiter.rate_limit  # type: ignore[assignment]
+        self._hit: Callable[..., R] = limiter.hit  # type: ignore[assignment]
+        self._routes = routes
+        self.store = limiter.store
+        self.guarded = limiter.options.fallback is not None
+
+    def call(self, effect: Hit) -> R:
+        """Count `effect` (refused at once when it is fail-closed and the store is down)."""
+        closed = effect.fail_closed and self.guarded
+        if closed and not self.store.up:
+            raise _store_down()
+        rates = effect.rates
+        if len(rates) == 1 and rates[0].refill_per_second is None:
+            rate = rates[0]
+            return self._rate_limit(
+                effect.key, rate.limit, rate.window, cost=effect.cost,
+                algorithm=rate.algorithm, burst=rate.burst, fail_closed=closed,
+            )  # fmt: skip
+        return self._hit(effect.key, rates, cost=effect.cost, fail_closed=closed)
+
+    def closed(self, effect: Hit, decision: Decision) -> Decision:
+        """`decision`, unless this very call found the store down on a fail-closed `effect`."""
+        if effect.fail_closed and self.guarded and not decision.allowed and not self.store.up:
+            raise _store_down()
+        return decision
+
+    def load(self) -> R:
+        # Under a fallback: held to its budget, refused while the store is down.
+        limiter = self._limiter
+        return limiter.run(read_op(self._routes, limiter.options.app_clock()), strict=True)  # type: ignore[return-value]
+
+
 def _store_down() -> StoreDown:
     return StoreDown("the limiter's store is down (its fallback refuses fail-closed classes)")
 
@@ -851,82 +898,34 @@ def _store_down() -> StoreDown:
 def sync_effects(
     limiter: Limiter, routes: Sequence[str] = ()
 ) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
-    """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`.
+    """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`; see `_Calls`.
 
-    A single rate goes through ``rate_limit`` (the limiter's hot path for a
-    fixed window), several through ``hit``. On a limiter with a fallback, a
-    fail-closed class's hit raises `StoreDown` while the store is down (the
-    class answers 503) instead of being decided from memory. `load` also
-    records `routes`, the names of the route classes the middleware serves, in
-    ``quota_settings`` when they are not there yet (see `read_op`).
+    `load` also records `routes`, the names of the route classes the
+    middleware serves, in ``quota_settings`` when they are not there yet
+    (see `read_op`).
     """
-    rate_limit, hit_many = limiter.rate_limit, limiter.hit
-    store, guarded = limiter.store, limiter.options.fallback is not None
+    calls: _Calls[Decision] = _Calls(limiter, routes)
 
     def hit(effect: Hit) -> Decision:
-        closed = effect.fail_closed and guarded
-        if closed and not store.up:
-            raise _store_down()
-        rates = effect.rates
-        if len(rates) == 1 and rates[0].refill_per_second is None:
-            rate = rates[0]
-            decision = rate_limit(
-                effect.key, rate.limit, rate.window, cost=effect.cost,
-                algorithm=rate.algorithm, burst=rate.burst, fail_closed=closed,
-            )  # fmt: skip
-        else:
-            decision = hit_many(effect.key, rates, cost=effect.cost, fail_closed=closed)
-        if closed and not decision.allowed and not store.up:
-            raise _store_down()  # refused because this very call found the store down
-        return decision
+        return calls.closed(effect, calls.call(effect))
 
-    def load() -> Snapshot:
-        # Under a fallback: held to its budget, refused while the store is down.
-        return limiter.run(read_op(routes, limiter.options.app_clock()), strict=True)
-
-    return hit, load
+    return hit, calls.load
 
 
 def async_effects(
     limiter: AsyncLimiter, routes: Sequence[str] = ()
 ) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
     """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`; see `sync_effects`."""
-    rate_limit, hit_many = limiter.rate_limit, limiter.hit
-    store, guarded = limiter.store, limiter.options.fallback is not None
+    calls: _Calls[Awaitable[Decision]] = _Calls(limiter, routes)
 
-    async def closed_hit(effect: Hit) -> Decision:
-        if not store.up:
-            raise _store_down()
-        rates = effect.rates
-        if len(rates) == 1 and rates[0].refill_per_second is None:
-            rate = rates[0]
-            decision = await rate_limit(
-                effect.key, rate.limit, rate.window, cost=effect.cost,
-                algorithm=rate.algorithm, burst=rate.burst, fail_closed=True,
-            )  # fmt: skip
-        else:
-            decision = await hit_many(effect.key, rates, cost=effect.cost, fail_closed=True)
-        if not decision.allowed and not store.up:
-            raise _store_down()
-        return decision
+    async def closed(effect: Hit) -> Decision:
+        return calls.closed(effect, await calls.call(effect))
 
     def hit(effect: Hit) -> Awaitable[Decision]:
-        if effect.fail_closed and guarded:
-            return closed_hit(effect)
-        rates = effect.rates
-        if len(rates) == 1 and rates[0].refill_per_second is None:
-            rate = rates[0]
-            return rate_limit(
-                effect.key, rate.limit, rate.window, cost=effect.cost,
-                algorithm=rate.algorithm, burst=rate.burst,
-            )  # fmt: skip
-        return hit_many(effect.key, rates, cost=effect.cost)
+        # Only a fail-closed hit needs a look at the store after it (and a coroutine of its own).
+        return closed(effect) if effect.fail_closed and calls.guarded else calls.call(effect)
 
-    def load() -> Awaitable[Snapshot]:
-        # Under a fallback: held to its budget, refused while the store is down.
-        return limiter.run(read_op(routes, limiter.options.app_clock()), strict=True)
-
-    return hit, load
+    return hit, calls.load
 
 
 __all__ = [
