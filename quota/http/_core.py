@@ -374,8 +374,9 @@ class Guard:
             except Exception as exc:
                 read = exc
             runtime.refresh(read, now, self)  # the settings too, applied to this guard
+        pressure = self._pressure_now() if self._pressure is not None else 0.0
         try:
-            plan = self.plan(route, request, now)
+            plan = self.plan(route, request, now, pressure)
         except Exception as exc:  # a rate an override made impossible, say
             return self._failure(route, ANON, request, route.fail_open, exc)
         if plan is None:
@@ -461,12 +462,19 @@ class Guard:
         """The subject an IP (``kind="ip"``) or token (``"tok"``) is keyed under here."""
         return hashed_subject(kind, value, self.secret, ipv6_prefix=self.config.ipv6_prefix)
 
-    def plan(self, route: RoutePolicy, request: RequestInfo, now: float) -> Plan | None:
-        """What `request` counts as on `route`, or None when it is exempt."""
+    def plan(
+        self, route: RoutePolicy, request: RequestInfo, now: float, pressure: float = 0.0
+    ) -> Plan | None:
+        """What `request` counts as on `route` at `now`, or None when it is exempt.
+
+        `pressure` is the adaptive capacity source's reading (0 to 1; see
+        `HttpConfig.adaptive`), taken by the caller. Reads no clock and does no
+        I/O (the app's ``identify`` and ``token_validator`` hooks aside).
+        """
         identity, unchecked_from = self._resolve(request, now)
         override = self.runtime.lookup(route.name, identity) if self.runtime is not None else None
         if override is not None or self._pressure is not None:
-            return self._plan(route, identity, unchecked_from, override)
+            return self._plan(route, identity, unchecked_from, override, pressure)
         if identity.tenant is not None and self.plans is not None:
             return self._plan(route, identity, unchecked_from, None)
         # Nothing that changes between requests applies: the caller's last plan holds.
@@ -484,7 +492,7 @@ class Guard:
 
     def _plan(
         self, route: RoutePolicy, identity: Identity, unchecked_from: str | None,
-        override: Override | None,
+        override: Override | None, pressure: float = 0.0,
     ) -> Plan | None:  # fmt: skip
         config = self.config
         tier = identity.tier
@@ -517,14 +525,14 @@ class Guard:
             plan_name = self.plans.plan(identity.tenant)
             if plan_name is not None:
                 scale *= config.plan_scales.get(plan_name, 1.0)
-        pressure = 1.0
+        squeeze = 1.0
         if (
             self._pressure is not None
             and tier not in config.pressure_exempt
-            and self._pressure_now() >= config.pressure_threshold
+            and pressure >= config.pressure_threshold
         ):
-            pressure = config.pressure_factors.get(tier, 1.0)
-            scale *= pressure
+            squeeze = config.pressure_factors.get(tier, 1.0)
+            scale *= squeeze
         rates = self._scaled(rates, scale, cost)
         prefix = f"{config.key_prefix}:{route.name}:"
         shadow = config.shadow or route.shadow
@@ -532,9 +540,18 @@ class Guard:
         hit = Hit(prefix + f"{tier}:{identity.subject}", rates, cost, fail_closed=closed)
         if unchecked_from is None and (route.tenant_bucket is None or identity.tenant is None):
             return Plan(route, identity, hit, fail_open, shadow)
+        extra = self._shared(route, identity, unchecked_from, cost, squeeze, prefix, closed)
+        return Plan(route, identity, hit, fail_open, shadow, extra)
+
+    def _shared(
+        self, route: RoutePolicy, identity: Identity, unchecked_from: str | None, cost: int,
+        squeeze: float, prefix: str, closed: bool,
+    ) -> tuple[Hit, ...]:  # fmt: skip
+        """The shared buckets a plan counts beside the caller's: the tenant's, the IP ceiling."""
+        config = self.config
         extra = []
         if route.tenant_bucket is not None and identity.tenant is not None:
-            share = pressure
+            share = squeeze
             plan_name = self.plans.plan(identity.tenant) if self.plans is not None else None
             if plan_name is not None:
                 share *= config.plan_scales.get(plan_name, 1.0)
@@ -544,7 +561,7 @@ class Guard:
             )
         if unchecked_from is not None:
             ceiling = route.rates_for_tier(AUTH)
-            share = pressure * (config.unvalidated_token_ceiling or 1.0)
+            share = squeeze * (config.unvalidated_token_ceiling or 1.0)
             if ceiling is None:
                 ceiling = route.base_rates
                 share *= config.tier_multipliers.get(AUTH, 1.0)
@@ -552,7 +569,7 @@ class Guard:
             extra.append(
                 Hit(prefix + "auth-ceiling:" + unchecked_from, ceiling, cost, "ip", closed)
             )
-        return Plan(route, identity, hit, fail_open, shadow, tuple(extra))
+        return tuple(extra)
 
     def _pressure_now(self) -> float:
         assert self._pressure is not None
@@ -631,7 +648,7 @@ class Guard:
             return Verdict(None, headers, exposing)
         metrics.count("blocked", route, tier)
         if self.abuse is not None:
-            self.abuse.record_denial(plan.hit.key)
+            self.abuse.record_denial(plan.hit.key, now)
         shown = headers
         if exposing:
             shown = [*headers, ("Access-Control-Expose-Headers", expose(headers, None))]
