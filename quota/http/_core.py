@@ -42,17 +42,13 @@ from quota.http._config import DEFAULT_POLICY, SAFE_METHODS, HttpConfig, RoutePo
 from quota.http._config import _check_factors as check_factors
 from quota.http._identity import (
     ANON,
-    AUTH,
-    TRUSTED,
+    Callers,
     IdentifyHook,
     Identity,
     RequestInfo,
     TokenValidator,
-    client_ip,
-    credential,
-    hashed_subject,
-    verify_signature,
 )
+from quota.http._planning import Hit, Plan, Planner
 from quota.http._responses import (
     RATE_LIMITED,
     UNAVAILABLE,
@@ -68,7 +64,7 @@ from quota.http._responses import (
     too_many_requests,
     unavailable,
 )
-from quota.http._runtime import Override, read_op, runtime_policies
+from quota.http._runtime import read_op, runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
 if TYPE_CHECKING:
@@ -96,21 +92,6 @@ Observer = Callable[[str, Mapping[str, str]], None]
 #: `quota.Metrics`, which then counts every decision with its route and tier
 #: (``quota_decisions_total{route,tier,outcome,source}``).
 ObserverLike = Observer | QuotaMetrics
-
-
-@dataclass(slots=True)
-class Hit:
-    """Effect: count one request on `key` under `rates`."""
-
-    key: str
-    rates: tuple[Rate, ...]
-    cost: int
-    scope: str = "caller"
-    """Whose bucket: ``caller``, ``tenant`` (the caller's whole tenant) or ``ip``
-    (the ceiling of unvalidated tokens sent from one client IP)."""
-    fail_closed: bool = False
-    """The class answers 503 when the limiter cannot decide: a limiter with a fallback
-    refuses this hit while its store is down instead of deciding it from memory."""
 
 
 class _LoadPolicies:
@@ -209,22 +190,6 @@ class HttpMetrics:
         return self._counts.get(key, 0)
 
 
-@dataclass(slots=True)
-class Plan:
-    """What one request is counted as."""
-
-    route: RoutePolicy
-    identity: Identity
-    hit: Hit
-    fail_open: bool
-    shadow: bool
-    extra: tuple[Hit, ...] = ()
-    """Buckets counted beside the caller's own once it allows: the tenant's,
-    and the per-IP ceiling of unvalidated tokens."""
-    shapes: tuple[PolicyShape, ...] | None = None
-    """How the headers describe each bucket (`hit`'s, then `extra`'s), made on first use."""
-
-
 def resolve_secret(config: HttpConfig, dialect: str) -> bytes:
     """The hash secret to use; see `HttpConfig.hash_secret` for the rule without one."""
     if config.secret is not None:
@@ -305,21 +270,19 @@ class Guard:
         self.plans = plans
         self.secret = resolve_secret(config, dialect)
         self.runtime = runtime_policies(config, dialect, self.metrics.inc)
-        self._identify = identify
-        self._validator = token_validator
+        #: Who is calling (the ``identify`` and ``token_validator`` hooks, the built-in tiers).
+        self.callers = Callers(self.secret, identify, token_validator, self.metrics.inc)
         self._factory = response_factory
         if config.adaptive and pressure is None:
             horizon = config.pressure_horizon
             pressure = PredictivePressure(horizon=horizon) if horizon > 0 else SystemPressure()
         self._pressure = pressure if config.adaptive else None
         self.clock = clock
-        self._scaled = ScaledRates()
+        #: What a request counts as (route class, tier, overrides, plans, pressure).
+        self.planner = Planner(
+            self.runtime, plans, adaptive=self._pressure is not None, count=self.metrics.inc
+        )
         self._shapes: dict[tuple[str, int], tuple[tuple[Rate, ...], PolicyShape]] = {}
-        # The plans of repeat callers, valid for `_planned_for` (the config they were made under).
-        self._planned: dict[tuple[int, str, str, str | None, str | None], Plan] = {}
-        self._planned_for = config
-        # Identities of repeat callers (bounded; raw values stay in this process's memory).
-        self._identities: dict[tuple[str, str], Identity] = {}
         self._last_error_log = -1e18
         #: Each counted key's request rate (observability only); None with ``velocity=False``.
         self.velocity: Velocity | None = None
@@ -404,63 +367,11 @@ class Guard:
 
     def identity(self, request: RequestInfo, now: float) -> Identity:
         """The request's tier and subject: the app's hook, else trusted, auth or anon."""
-        return self._resolve(request, now)[0]
-
-    def _resolve(self, request: RequestInfo, now: float) -> tuple[Identity, str | None]:
-        """`identity`, and the client IP's subject when the caller's token went unchecked."""
-        if self._identify is not None:
-            try:
-                found = self._identify(request)
-            except Exception:
-                self.metrics.inc("hook_failed", hook="identify")
-                log.exception("quota: the identify hook failed; using the built-in tiers")
-                found = None
-            if found is not None:
-                return found, None
-        headers = request.headers
-        config = self.config
-        key_id, reason = verify_signature(
-            headers, request.method, request.raw_path, now, config.hmac_secrets, config.hmac_window
-        )
-        if key_id is not None:
-            return Identity(TRUSTED, "key:" + key_id), None
-        if reason is not None:
-            self.metrics.inc("hmac_rejected", reason=reason)
-        token = credential(headers, config.api_key_headers)  # type: ignore[arg-type]
-        if token is not None and self._token_ok(token):
-            if self._validator is not None or config.unvalidated_token_ceiling is None:
-                return self._cached(AUTH, "tok", token), None
-            return self._cached(AUTH, "tok", token), self._ip_identity(request).subject
-        return self._ip_identity(request), None
-
-    def _ip_identity(self, request: RequestInfo) -> Identity:
-        ip = client_ip(request.peer, request.headers, self.config.proxy_rules)
-        if ip is None:
-            return Identity(ANON, "ip:unknown")
-        return self._cached(ANON, "ip", ip)
-
-    def _cached(self, tier: str, kind: str, value: str) -> Identity:
-        found = self._identities.get((kind, value))
-        if found is None:
-            found = Identity(tier, self.subject(kind, value))
-            if len(self._identities) >= 65536:
-                self._identities.clear()
-            self._identities[(kind, value)] = found
-        return found
-
-    def _token_ok(self, token: str) -> bool:
-        if self._validator is None:
-            return True
-        try:
-            return bool(self._validator(token))
-        except Exception:
-            self.metrics.inc("hook_failed", hook="token_validator")
-            log.exception("quota: the token validator failed; treating the caller as anon")
-            return False
+        return self.callers.resolve(request, now, self.config)[0]
 
     def subject(self, kind: str, value: str) -> str:
         """The subject an IP (``kind="ip"``) or token (``"tok"``) is keyed under here."""
-        return hashed_subject(kind, value, self.secret, ipv6_prefix=self.config.ipv6_prefix)
+        return self.callers.subject(kind, value, self.config.ipv6_prefix)
 
     def plan(
         self, route: RoutePolicy, request: RequestInfo, now: float, pressure: float = 0.0
@@ -471,105 +382,12 @@ class Guard:
         `HttpConfig.adaptive`), taken by the caller. Reads no clock and does no
         I/O (the app's ``identify`` and ``token_validator`` hooks aside).
         """
-        identity, unchecked_from = self._resolve(request, now)
-        override = self.runtime.lookup(route.name, identity) if self.runtime is not None else None
-        if override is not None or self._pressure is not None:
-            return self._plan(route, identity, unchecked_from, override, pressure)
-        if identity.tenant is not None and self.plans is not None:
-            return self._plan(route, identity, unchecked_from, None)
-        # Nothing that changes between requests applies: the caller's last plan holds.
-        if self._planned_for is not self.config:
-            self._planned, self._planned_for = {}, self.config
-        key = (id(route), identity.tier, identity.subject, identity.tenant, unchecked_from)
-        plan = self._planned.get(key)
-        if plan is None:
-            plan = self._plan(route, identity, unchecked_from, None)
-            if plan is not None:
-                if len(self._planned) >= 65536:
-                    self._planned.clear()
-                self._planned[key] = plan
-        return plan
+        identity, unchecked_from = self.callers.resolve(request, now, self.config)
+        return self.planner.plan(self.config, route, identity, unchecked_from, pressure)
 
-    def _plan(
-        self, route: RoutePolicy, identity: Identity, unchecked_from: str | None,
-        override: Override | None, pressure: float = 0.0,
-    ) -> Plan | None:  # fmt: skip
-        config = self.config
-        tier = identity.tier
-        cost, fail_open = route.cost, route.fail_open
-        rates: tuple[Rate, ...] | None = None
-        base = route.base_rates
-        scale = 1.0
-        exact = False
-        if override is not None:
-            row = override.row
-            if row.exempt:
-                self.metrics.inc("exempt", route=route.name)
-                return None
-            if row.cost is not None:
-                cost = row.cost
-            if row.fail_open is not None:
-                fail_open = row.fail_open
-            overriding = override.rates_for(route.algorithm)
-            if overriding is not None:
-                if row.exact:
-                    rates, exact = overriding, True
-                else:
-                    base = overriding
-        if rates is None:
-            rates = route.rates_for_tier(tier)
-            if rates is None:
-                rates = base
-                scale = config.tier_multipliers.get(tier, 1.0)
-        if not exact and self.plans is not None and identity.tenant is not None:
-            plan_name = self.plans.plan(identity.tenant)
-            if plan_name is not None:
-                scale *= config.plan_scales.get(plan_name, 1.0)
-        squeeze = 1.0
-        if (
-            self._pressure is not None
-            and tier not in config.pressure_exempt
-            and pressure >= config.pressure_threshold
-        ):
-            squeeze = config.pressure_factors.get(tier, 1.0)
-            scale *= squeeze
-        rates = self._scaled(rates, scale, cost)
-        prefix = f"{config.key_prefix}:{route.name}:"
-        shadow = config.shadow or route.shadow
-        closed = not (fail_open or shadow)
-        hit = Hit(prefix + f"{tier}:{identity.subject}", rates, cost, fail_closed=closed)
-        if unchecked_from is None and (route.tenant_bucket is None or identity.tenant is None):
-            return Plan(route, identity, hit, fail_open, shadow)
-        extra = self._shared(route, identity, unchecked_from, cost, squeeze, prefix, closed)
-        return Plan(route, identity, hit, fail_open, shadow, extra)
-
-    def _shared(
-        self, route: RoutePolicy, identity: Identity, unchecked_from: str | None, cost: int,
-        squeeze: float, prefix: str, closed: bool,
-    ) -> tuple[Hit, ...]:  # fmt: skip
-        """The shared buckets a plan counts beside the caller's: the tenant's, the IP ceiling."""
-        config = self.config
-        extra = []
-        if route.tenant_bucket is not None and identity.tenant is not None:
-            share = squeeze
-            plan_name = self.plans.plan(identity.tenant) if self.plans is not None else None
-            if plan_name is not None:
-                share *= config.plan_scales.get(plan_name, 1.0)
-            tenant_rates = self._scaled(route.tenant_bucket, share, cost)
-            extra.append(
-                Hit(prefix + "tenant:" + identity.tenant, tenant_rates, cost, "tenant", closed)
-            )
-        if unchecked_from is not None:
-            ceiling = route.rates_for_tier(AUTH)
-            share = squeeze * (config.unvalidated_token_ceiling or 1.0)
-            if ceiling is None:
-                ceiling = route.base_rates
-                share *= config.tier_multipliers.get(AUTH, 1.0)
-            ceiling = self._scaled(ceiling, share, cost)
-            extra.append(
-                Hit(prefix + "auth-ceiling:" + unchecked_from, ceiling, cost, "ip", closed)
-            )
-        return tuple(extra)
+    @property
+    def _scaled(self) -> ScaledRates:
+        return self.planner.scaled
 
     def _pressure_now(self) -> float:
         assert self._pressure is not None
@@ -768,7 +586,7 @@ class Guard:
             config = self.config
             multipliers = {**config.tier_multipliers, **factor}
             # Scaled rates and their header shapes were made for the old factors.
-            self._scaled = ScaledRates()
+            self.planner.reset()
             self._shapes = {}
             self.config = replace(config, tier_multipliers=multipliers)
 
