@@ -52,6 +52,7 @@ from quota.http._planning import Hit, Plan, Planner
 from quota.http._responses import (
     RATE_LIMITED,
     UNAVAILABLE,
+    CorsOrigins,
     Denial,
     Headers,
     HttpResponse,
@@ -63,6 +64,7 @@ from quota.http._responses import (
     rate_limit_headers,
     too_many_requests,
     unavailable,
+    with_cors,
 )
 from quota.http._runtime import read_op, runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
@@ -549,6 +551,17 @@ class Guard:
         denial = Denial(UNAVAILABLE, request, route.name, tier, None, retry,
                         (("Retry-After", str(retry)),), default)  # fmt: skip
         return Verdict(self._respond(denial), [])
+
+    def answer(
+        self, response: HttpResponse, request: RequestInfo, cors: CorsOrigins | None
+    ) -> HttpResponse:
+        """A verdict's `response` as a driver sends it: readable by browser code (`with_cors`).
+
+        `cors` grants the request's origin (None: no grant, a CORS layer
+        above does); the rate-limit headers are exposed when the config says so.
+        """
+        origin = request.headers.get("origin")
+        return with_cors(response, origin, cors, exposing=self.config.expose_headers)
 
     def _respond(self, denial: Denial) -> HttpResponse:
         if self._factory is None:

@@ -57,7 +57,6 @@ from quota.http._responses import (
     HttpResponse,
     expose,
     is_preflight,
-    with_cors,
 )
 
 if TYPE_CHECKING:
@@ -327,11 +326,7 @@ class QuotaMiddleware:
         verdict = await decide(self.guard, self.limiters, request)
         response = verdict.response
         if response is not None:
-            response = with_cors(
-                response, request.headers.get("origin"), self.cors,
-                exposing=self.guard.config.expose_headers,
-            )  # fmt: skip
-            await send_response(send, response)
+            await send_response(send, self.guard.answer(response, request, self.cors))
             return
         if not verdict.headers:
             await self.app(scope, receive, send)

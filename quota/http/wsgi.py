@@ -28,7 +28,7 @@ from quota.http._core import (
     sync_effects,
 )
 from quota.http._identity import RequestInfo
-from quota.http._responses import CorsOrigins, expose, with_cors
+from quota.http._responses import CorsOrigins, expose
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -137,10 +137,7 @@ class QuotaWSGIMiddleware:
         verdict = drive_sync(self.guard.flow(request), *self._effects)
         response = verdict.response
         if response is not None:
-            response = with_cors(
-                response, request.headers.get("origin"), self.cors,
-                exposing=self.guard.config.expose_headers,
-            )  # fmt: skip
+            response = self.guard.answer(response, request, self.cors)
             start_response(status_line(response.status), list(response.headers))
             return [response.body]
         if not verdict.headers:

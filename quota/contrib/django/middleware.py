@@ -47,7 +47,7 @@ from quota.contrib.django.conf import ImproperlyConfigured
 from quota.http._config import HttpConfig, RoutePolicy
 from quota.http._core import GuardOptions, Verdict, build_guard, drive_sync
 from quota.http._identity import AUTH, Identity, RequestInfo
-from quota.http._responses import HttpResponse, is_preflight, with_cors
+from quota.http._responses import HttpResponse, is_preflight
 from quota.http.asgi import Limiters, asgi_request, decide
 from quota.http.wsgi import add_headers, wsgi_request
 
@@ -250,8 +250,7 @@ class QuotaMiddleware:
 
     def _denied(self, info: RequestInfo, response: HttpResponse) -> DjangoResponse:
         # A CORS middleware above this one (django-cors-headers) grants the origin.
-        exposing = self.guard.config.expose_headers
-        return to_django(with_cors(response, info.headers.get("origin"), None, exposing=exposing))
+        return to_django(self.guard.answer(response, info, None))
 
     @staticmethod
     def _allowed(response: Any, verdict: Verdict) -> Any:
