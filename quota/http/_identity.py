@@ -1,7 +1,8 @@
 """Who is calling: the client IP behind trusted proxies, credential hashes, HMAC-signed callers.
 
-Pure functions and one small class; nothing here does I/O. Identity is a
-*tier*, not a gate: every caller gets one, the weakest being ``anon``.
+Pure functions and a few small classes (`Callers` resolves a request's
+caller for a guard); nothing here does I/O. Identity is a *tier*, not a
+gate: every caller gets one, the weakest being ``anon``.
 
 ==========  =============================================  ========================
 tier        when                                           subject (part of the key)
