@@ -63,7 +63,7 @@ async def _measure(app: Any, requests: int, tasks: int, keys: int) -> float:
     return (time.process_time() - start) / (requests // tasks * tasks) * 1e6
 
 
-async def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", default="memory://", help="memory://, postgresql://…, none")
     parser.add_argument("--requests", type=int, default=20000)
@@ -73,6 +73,14 @@ async def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("QUOTA_HASH_SECRET", "bench-hash-secret-0123456789")
+    import quota
+
+    if args.store != "none" and not args.store.startswith("memory:"):
+        quota.migrate(args.store)
+    asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> None:
     import quota
     from benchmarks.bench_app import _config, _NoDatabase
     from quota.http.asgi import QuotaMiddleware
@@ -84,7 +92,6 @@ async def main(argv: list[str] | None = None) -> None:
             _app, limiter=quota.connect_async(args.store), config=_config()
         )
     else:
-        quota.migrate(args.store)
         middleware = QuotaMiddleware(_app, url=args.store, config=_config())
     bare = await _measure(_app, args.requests, args.tasks, args.keys)
     profiler = cProfile.Profile() if args.profile else None
@@ -101,4 +108,4 @@ async def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
