@@ -436,30 +436,9 @@ class Guard:
         if buckets is not None:
             at = _deciding(buckets)
             decision = buckets[at][1]
-        deciding, shape = (plan.hit, *plan.extra)[at], shapes[at]
         blocked = not decision.allowed
-        if metrics.sink is not None:
-            metrics.sink.record_decision(decision.allowed, route=route, tier=tier)
-        velocity = self.velocity
-        if velocity is not None:
-            rate = velocity.hit(plan.hit.key, now)
-            if metrics.sink is not None:
-                metrics.sink.observe_velocity(rate, route=route, tier=tier)
-            elif metrics.observed:
-                metrics.inc("velocity", route=route, tier=tier, le=velocity_le(rate))
-        headers = rate_limit_headers(
-            decision, shape, now, self.config.headers,
-            retry_after=blocked and not plan.shadow,
-            partition=deciding.key if self.config.partition_key else None, secret=self.secret,
-        )  # fmt: skip
-        if buckets is not None:
-            self._add_shared(headers, buckets, shapes, at, now)
-        if self.config.headers in LANE_STYLES:
-            lane = self._lanes.get(tier)
-            if lane is None:
-                lane = self._lanes[tier] = lane_header(tier, self._lanes)
-            if lane:
-                headers.insert(3, lane)  # after X-RateLimit-Limit, -Remaining, -Reset
+        self._observe(plan, decision, now)
+        headers = self._headers(plan, shapes, decision, now, buckets, at, blocked)
         exposing = self.config.expose_headers and "origin" in request.headers and bool(headers)
         if not blocked:
             return Verdict(None, headers, exposing)
@@ -472,10 +451,47 @@ class Guard:
         shown = headers
         if exposing:
             shown = [*headers, ("Access-Control-Expose-Headers", expose(headers, None))]
-        default = too_many_requests(decision, shown, shape, self.config.problem_type)
+        default = too_many_requests(decision, shown, shapes[at], self.config.problem_type)
         denial = Denial(RATE_LIMITED, request, route, tier, decision, decision.retry_after,
                         tuple(shown), default)  # fmt: skip
         return Verdict(self._respond(denial), [])
+
+    def _observe(self, plan: Plan, decision: Decision, now: float) -> None:
+        """Tell the `quota.Metrics` sink and the velocity tracker about a deciding `decision`."""
+        route, tier = plan.route.name, plan.identity.tier
+        metrics = self.metrics
+        if metrics.sink is not None:
+            metrics.sink.record_decision(decision.allowed, route=route, tier=tier)
+        velocity = self.velocity
+        if velocity is not None:
+            rate = velocity.hit(plan.hit.key, now)
+            if metrics.sink is not None:
+                metrics.sink.observe_velocity(rate, route=route, tier=tier)
+            elif metrics.observed:
+                metrics.inc("velocity", route=route, tier=tier, le=velocity_le(rate))
+
+    def _headers(
+        self, plan: Plan, shapes: tuple[PolicyShape, ...], decision: Decision, now: float,
+        buckets: list[tuple[Hit, Decision]] | None, at: int, blocked: bool,
+    ) -> Headers:  # fmt: skip
+        """The rate-limit headers of the deciding bucket (`at`), the others folded in."""
+        config = self.config
+        deciding = plan.hit if at == 0 else plan.extra[at - 1]
+        headers = rate_limit_headers(
+            decision, shapes[at], now, config.headers,
+            retry_after=blocked and not plan.shadow,
+            partition=deciding.key if config.partition_key else None, secret=self.secret,
+        )  # fmt: skip
+        if buckets is not None:
+            self._add_shared(headers, buckets, shapes, at, now)
+        if config.headers in LANE_STYLES:
+            tier = plan.identity.tier
+            lane = self._lanes.get(tier)
+            if lane is None:
+                lane = self._lanes[tier] = lane_header(tier, self._lanes)
+            if lane:
+                headers.insert(3, lane)  # after X-RateLimit-Limit, -Remaining, -Reset
+        return headers
 
     def _add_shared(
         self, headers: Headers, buckets: list[tuple[Hit, Decision]],
