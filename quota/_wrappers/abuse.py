@@ -113,9 +113,10 @@ class AbuseDetector:
         if not decision.allowed:
             self.record_denial(decision.key)
 
-    def record_denial(self, key: str) -> None:
-        """Note one denial of `key`; alert if it crossed the threshold and no alert is due yet."""
-        now = self.clock()
+    def record_denial(self, key: str, now: float | None = None) -> None:
+        """Note one denial of `key` at `now` (default: the clock's time); alert if it crossed the threshold and no alert is due yet."""
+        if now is None:
+            now = self.clock()
         window = self.window
         start = now - now % window
         with self._lock:

@@ -29,14 +29,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, cast
 
 from quota._core.algorithms import Rate
 from quota._core.decision import Decision
 from quota._core.errors import ConfigurationError, SchemaError
 from quota._core.factors import check_factors
 from quota._core.url import DIALECTS
-from quota._sql.policies import Snapshot, read_op
+from quota._sql.policies import read_op
 from quota._wrappers.abuse import AbuseDetector, AlertCallback
 from quota._wrappers.fallback import Fallback, StoreDown
 from quota._wrappers.metrics import Metrics as QuotaMetrics
@@ -45,35 +45,37 @@ from quota.http._config import DEFAULT_POLICY, HttpConfig
 from quota.http._fields import SAFE_METHODS
 from quota.http._identity import (
     ANON,
-    AUTH,
-    TRUSTED,
+    Callers,
     IdentifyHook,
     Identity,
     RequestInfo,
     TokenValidator,
-    client_ip,
-    credential,
-    hashed_subject,
-    verify_signature,
 )
+from quota.http._planning import Hit, Plan, Planner
 from quota.http._responses import (
     RATE_LIMITED,
     UNAVAILABLE,
+    CorsOrigins,
     Denial,
     Headers,
     HttpResponse,
     PolicyShape,
     ResponseFactory,
     expose,
+    ietf_items,
+    partition_key,
     rate_limit_headers,
     too_many_requests,
     unavailable,
+    with_cors,
 )
 from quota.http._routes import RoutePolicy
 from quota.http._runtime import runtime_policies
 from quota.http._signals import LANE_STYLES, PredictivePressure, Velocity, lane_header, velocity_le
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from quota._limiter.async_face import AsyncLimiter
     from quota._limiter.sync_face import Limiter
 
@@ -95,21 +97,6 @@ Observer = Callable[[str, Mapping[str, str]], None]
 #: `quota.Metrics`, which then counts every decision with its route and tier
 #: (``quota_decisions_total{route,tier,outcome,source}``).
 ObserverLike = Observer | QuotaMetrics
-
-
-@dataclass(slots=True)
-class Hit:
-    """Effect: count one request on `key` under `rates`."""
-
-    key: str
-    rates: tuple[Rate, ...]
-    cost: int
-    scope: str = "caller"
-    """Whose bucket: ``caller``, ``tenant`` (the caller's whole tenant) or ``ip``
-    (the ceiling of unvalidated tokens sent from one client IP)."""
-    fail_closed: bool = False
-    """The class answers 503 when the limiter cannot decide: a limiter with a fallback
-    refuses this hit while its store is down instead of deciding it from memory."""
 
 
 class _LoadPolicies:
@@ -138,6 +125,7 @@ class Verdict:
 
 PASS = Verdict(None, [])
 Flow = Generator[Effect, Any, Verdict]
+R = TypeVar("R")
 
 
 class HttpMetrics:
@@ -206,20 +194,6 @@ class HttpMetrics:
         return self._counts.get(key, 0)
 
 
-@dataclass(slots=True)
-class Plan:
-    """What one request is counted as."""
-
-    route: RoutePolicy
-    identity: Identity
-    hit: Hit
-    fail_open: bool
-    shadow: bool
-    extra: tuple[Hit, ...] = ()
-    """Buckets counted beside the caller's own once it allows: the tenant's,
-    and the per-IP ceiling of unvalidated tokens."""
-
-
 def resolve_secret(config: HttpConfig, dialect: str) -> bytes:
     """The hash secret to use; see `HttpConfig.hash_secret` for the rule without one."""
     if config.secret is not None:
@@ -238,42 +212,81 @@ def resolve_secret(config: HttpConfig, dialect: str) -> bytes:
     return secrets.token_bytes(32)
 
 
+class GuardOptions(TypedDict, total=False):
+    """The hooks of a `Guard`, declared once: every HTTP entry point takes them as keywords.
+
+    `quota.http.asgi.QuotaMiddleware`, `quota.http.wsgi.QuotaWSGIMiddleware`,
+    `quota.http.fastapi.RateLimit` and `Guard` take each as a keyword of the
+    same name (``**hooks``; each defaults to None) and pass them on together;
+    Django's middleware reads them from ``QUOTA["HTTP"]["hooks"]``. See
+    `QuotaMiddleware` for what each does.
+    """
+
+    identify: IdentifyHook | None
+    token_validator: TokenValidator | None
+    response_factory: ResponseFactory | None
+    plans: Plans | None
+    pressure: Callable[[], float] | None
+    clock: Callable[[], float] | None
+    observer: ObserverLike | None
+    on_abuse: AlertCallback | None
+
+
+#: The names of the hooks, as `GuardOptions` declares them.
+HOOKS: tuple[str, ...] = tuple(GuardOptions.__annotations__)
+
+
+def guard_options(where: str, hooks: Mapping[str, Any]) -> GuardOptions:
+    """Every hook of `hooks` (None for those not given); `TypeError` for a name not a hook.
+
+    `where` names the callable the keywords were passed to, as Python's own
+    message for an unexpected keyword argument does.
+    """
+    for name in hooks:
+        if name not in HOOKS:
+            raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+    found: dict[str, Any] = dict.fromkeys(HOOKS)
+    found.update(hooks)
+    return cast(GuardOptions, found)
+
+
 class Guard:
     """The decision core of the HTTP layer, shared by every driver; see the module docstring."""
 
-    def __init__(
-        self,
-        config: HttpConfig,
-        *,
-        dialect: str,
-        identify: IdentifyHook | None = None,
-        token_validator: TokenValidator | None = None,
-        response_factory: ResponseFactory | None = None,
-        plans: Plans | None = None,
-        pressure: Callable[[], float] | None = None,
-        clock: Callable[[], float] = time.time,
-        observer: ObserverLike | None = None,
-        on_abuse: AlertCallback | None = None,
-    ) -> None:
+    def __init__(self, config: HttpConfig, *, dialect: str, **hooks: Unpack[GuardOptions]) -> None:
+        """A guard deciding by `config` on a store of `dialect`; see `GuardOptions` for `hooks`.
+
+        Without a ``clock`` hook it reads `time.time`.
+        """
         if not isinstance(config, HttpConfig):
             raise ConfigurationError(f"config must be an HttpConfig, got {config!r}")
+        given = guard_options("Guard", hooks)
+        identify, token_validator = given["identify"], given["token_validator"]
+        response_factory, plans, pressure = (
+            given["response_factory"],
+            given["plans"],
+            given["pressure"],
+        )
+        clock = given["clock"] or time.time
+        observer, on_abuse = given["observer"], given["on_abuse"]
         self.config = config
         self.metrics = HttpMetrics(observer)
         self.plans = plans
         self.secret = resolve_secret(config, dialect)
         self.runtime = runtime_policies(config, dialect, self.metrics.inc)
-        self._identify = identify
-        self._validator = token_validator
+        #: Who is calling (the ``identify`` and ``token_validator`` hooks, the built-in tiers).
+        self.callers = Callers(self.secret, identify, token_validator, self.metrics.inc)
         self._factory = response_factory
         if config.adaptive and pressure is None:
             horizon = config.pressure_horizon
             pressure = PredictivePressure(horizon=horizon) if horizon > 0 else SystemPressure()
         self._pressure = pressure if config.adaptive else None
         self.clock = clock
-        self._scaled = ScaledRates()
+        #: What a request counts as (route class, tier, overrides, plans, pressure).
+        self.planner = Planner(
+            self.runtime, plans, adaptive=self._pressure is not None, count=self.metrics.inc
+        )
         self._shapes: dict[tuple[str, int], tuple[tuple[Rate, ...], PolicyShape]] = {}
-        # Identities of repeat callers (bounded; raw values stay in this process's memory).
-        self._identities: dict[tuple[str, str], Identity] = {}
         self._last_error_log = -1e18
         #: Each counted key's request rate (observability only); None with ``velocity=False``.
         self.velocity: Velocity | None = None
@@ -328,8 +341,9 @@ class Guard:
             except Exception as exc:
                 read = exc
             runtime.refresh(read, now, self)  # the settings too, applied to this guard
+        pressure = self._pressure_now() if self._pressure is not None else 0.0
         try:
-            plan = self.plan(route, request, now)
+            plan = self.plan(route, request, now, pressure)
         except Exception as exc:  # a rate an override made impossible, say
             return self._failure(route, ANON, request, route.fail_open, exc)
         if plan is None:
@@ -357,135 +371,27 @@ class Guard:
 
     def identity(self, request: RequestInfo, now: float) -> Identity:
         """The request's tier and subject: the app's hook, else trusted, auth or anon."""
-        return self._resolve(request, now)[0]
-
-    def _resolve(self, request: RequestInfo, now: float) -> tuple[Identity, str | None]:
-        """`identity`, and the client IP's subject when the caller's token went unchecked."""
-        if self._identify is not None:
-            try:
-                found = self._identify(request)
-            except Exception:
-                self.metrics.inc("hook_failed", hook="identify")
-                log.exception("quota: the identify hook failed; using the built-in tiers")
-                found = None
-            if found is not None:
-                return found, None
-        headers = request.headers
-        config = self.config
-        key_id, reason = verify_signature(
-            headers, request.method, request.raw_path, now, config.hmac_secrets, config.hmac_window
-        )
-        if key_id is not None:
-            return Identity(TRUSTED, "key:" + key_id), None
-        if reason is not None:
-            self.metrics.inc("hmac_rejected", reason=reason)
-        token = credential(headers, config.api_key_headers)  # type: ignore[arg-type]
-        if token is not None and self._token_ok(token):
-            if self._validator is not None or config.unvalidated_token_ceiling is None:
-                return self._cached(AUTH, "tok", token), None
-            return self._cached(AUTH, "tok", token), self._ip_identity(request).subject
-        return self._ip_identity(request), None
-
-    def _ip_identity(self, request: RequestInfo) -> Identity:
-        ip = client_ip(request.peer, request.headers, self.config.proxy_rules)
-        if ip is None:
-            return Identity(ANON, "ip:unknown")
-        return self._cached(ANON, "ip", ip)
-
-    def _cached(self, tier: str, kind: str, value: str) -> Identity:
-        found = self._identities.get((kind, value))
-        if found is None:
-            found = Identity(tier, self.subject(kind, value))
-            if len(self._identities) >= 65536:
-                self._identities.clear()
-            self._identities[(kind, value)] = found
-        return found
-
-    def _token_ok(self, token: str) -> bool:
-        if self._validator is None:
-            return True
-        try:
-            return bool(self._validator(token))
-        except Exception:
-            self.metrics.inc("hook_failed", hook="token_validator")
-            log.exception("quota: the token validator failed; treating the caller as anon")
-            return False
+        return self.callers.resolve(request, now, self.config)[0]
 
     def subject(self, kind: str, value: str) -> str:
         """The subject an IP (``kind="ip"``) or token (``"tok"``) is keyed under here."""
-        return hashed_subject(kind, value, self.secret, ipv6_prefix=self.config.ipv6_prefix)
+        return self.callers.subject(kind, value, self.config.ipv6_prefix)
 
-    def plan(self, route: RoutePolicy, request: RequestInfo, now: float) -> Plan | None:
-        """What `request` counts as on `route`, or None when it is exempt."""
-        config = self.config
-        identity, unchecked_from = self._resolve(request, now)
-        tier = identity.tier
-        cost, fail_open = route.cost, route.fail_open
-        rates: tuple[Rate, ...] | None = None
-        base = route.base_rates
-        scale = 1.0
-        override = self.runtime.lookup(route.name, identity) if self.runtime is not None else None
-        exact = False
-        if override is not None:
-            row = override.row
-            if row.exempt:
-                self.metrics.inc("exempt", route=route.name)
-                return None
-            if row.cost is not None:
-                cost = row.cost
-            if row.fail_open is not None:
-                fail_open = row.fail_open
-            overriding = override.rates_for(route.algorithm)
-            if overriding is not None:
-                if row.exact:
-                    rates, exact = overriding, True
-                else:
-                    base = overriding
-        if rates is None:
-            rates = route.rates_for_tier(tier)
-            if rates is None:
-                rates = base
-                scale = config.tier_multipliers.get(tier, 1.0)
-        if not exact and self.plans is not None and identity.tenant is not None:
-            plan_name = self.plans.plan(identity.tenant)
-            if plan_name is not None:
-                scale *= config.plan_scales.get(plan_name, 1.0)
-        pressure = 1.0
-        if (
-            self._pressure is not None
-            and tier not in config.pressure_exempt
-            and self._pressure_now() >= config.pressure_threshold
-        ):
-            pressure = config.pressure_factors.get(tier, 1.0)
-            scale *= pressure
-        rates = self._scaled(rates, scale, cost)
-        prefix = f"{config.key_prefix}:{route.name}:"
-        shadow = config.shadow or route.shadow
-        closed = not (fail_open or shadow)
-        hit = Hit(prefix + f"{tier}:{identity.subject}", rates, cost, fail_closed=closed)
-        if unchecked_from is None and (route.tenant_bucket is None or identity.tenant is None):
-            return Plan(route, identity, hit, fail_open, shadow)
-        extra = []
-        if route.tenant_bucket is not None and identity.tenant is not None:
-            share = pressure
-            plan_name = self.plans.plan(identity.tenant) if self.plans is not None else None
-            if plan_name is not None:
-                share *= config.plan_scales.get(plan_name, 1.0)
-            tenant_rates = self._scaled(route.tenant_bucket, share, cost)
-            extra.append(
-                Hit(prefix + "tenant:" + identity.tenant, tenant_rates, cost, "tenant", closed)
-            )
-        if unchecked_from is not None:
-            ceiling = route.rates_for_tier(AUTH)
-            share = pressure * (config.unvalidated_token_ceiling or 1.0)
-            if ceiling is None:
-                ceiling = route.base_rates
-                share *= config.tier_multipliers.get(AUTH, 1.0)
-            ceiling = self._scaled(ceiling, share, cost)
-            extra.append(
-                Hit(prefix + "auth-ceiling:" + unchecked_from, ceiling, cost, "ip", closed)
-            )
-        return Plan(route, identity, hit, fail_open, shadow, tuple(extra))
+    def plan(
+        self, route: RoutePolicy, request: RequestInfo, now: float, pressure: float = 0.0
+    ) -> Plan | None:
+        """What `request` counts as on `route` at `now`, or None when it is exempt.
+
+        `pressure` is the adaptive capacity source's reading (0 to 1; see
+        `HttpConfig.adaptive`), taken by the caller. Reads no clock and does no
+        I/O (the app's ``identify`` and ``token_validator`` hooks aside).
+        """
+        identity, unchecked_from = self.callers.resolve(request, now, self.config)
+        return self.planner.plan(self.config, route, identity, unchecked_from, pressure)
+
+    @property
+    def _scaled(self) -> ScaledRates:
+        return self.planner.scaled
 
     def _pressure_now(self) -> float:
         assert self._pressure is not None
@@ -522,11 +428,40 @@ class Guard:
         route, tier = plan.route.name, plan.identity.tier
         metrics = self.metrics
         metrics.count("hits", route, tier)
-        shape: PolicyShape | None = None
-        deciding = plan.hit
+        shapes = plan.shapes
+        if shapes is None:
+            shapes = plan.shapes = tuple(
+                self._shape(_bucket_name(route, hit.scope), hit.rates)
+                for hit in (plan.hit, *plan.extra)
+            )
+        at = 0
         if buckets is not None:
-            deciding, decision, shape, shared = self._deciding(route, buckets, now)
+            at = _deciding(buckets)
+            decision = buckets[at][1]
         blocked = not decision.allowed
+        self._observe(plan, decision, now)
+        headers = self._headers(plan, shapes, decision, now, buckets, at, blocked)
+        exposing = self.config.expose_headers and "origin" in request.headers and bool(headers)
+        if not blocked:
+            return Verdict(None, headers, exposing)
+        if plan.shadow:
+            metrics.count("shadow_blocked", route, tier)
+            return Verdict(None, headers, exposing)
+        metrics.count("blocked", route, tier)
+        if self.abuse is not None:
+            self.abuse.record_denial(plan.hit.key, now)
+        shown = headers
+        if exposing:
+            shown = [*headers, ("Access-Control-Expose-Headers", expose(headers, None))]
+        default = too_many_requests(decision, shown, shapes[at], self.config.problem_type)
+        denial = Denial(RATE_LIMITED, request, route, tier, decision, decision.retry_after,
+                        tuple(shown), default)  # fmt: skip
+        return Verdict(self._respond(denial), [])
+
+    def _observe(self, plan: Plan, decision: Decision, now: float) -> None:
+        """Tell the `quota.Metrics` sink and the velocity tracker about a deciding `decision`."""
+        route, tier = plan.route.name, plan.identity.tier
+        metrics = self.metrics
         if metrics.sink is not None:
             metrics.sink.record_decision(decision.allowed, route=route, tier=tier)
         velocity = self.velocity
@@ -536,65 +471,68 @@ class Guard:
                 metrics.sink.observe_velocity(rate, route=route, tier=tier)
             elif metrics.observed:
                 metrics.inc("velocity", route=route, tier=tier, le=velocity_le(rate))
-        if shape is None:
-            shape = self._shape(route, plan.hit.rates)
+
+    def _headers(
+        self, plan: Plan, shapes: tuple[PolicyShape, ...], decision: Decision, now: float,
+        buckets: list[tuple[Hit, Decision]] | None, at: int, blocked: bool,
+    ) -> Headers:  # fmt: skip
+        """The rate-limit headers of the deciding bucket (`at`), the others folded in."""
+        config = self.config
+        deciding = plan.hit if at == 0 else plan.extra[at - 1]
         headers = rate_limit_headers(
-            decision, shape, now, self.config.headers,
+            decision, shapes[at], now, config.headers,
             retry_after=blocked and not plan.shadow,
-            partition=deciding.key if self.config.partition_key else None, secret=self.secret,
+            partition=deciding.key if config.partition_key else None, secret=self.secret,
         )  # fmt: skip
         if buckets is not None:
-            headers = _merged(headers, shared)
-        if self.config.headers in LANE_STYLES:
+            self._add_shared(headers, buckets, shapes, at, now)
+        if config.headers in LANE_STYLES:
+            tier = plan.identity.tier
             lane = self._lanes.get(tier)
             if lane is None:
                 lane = self._lanes[tier] = lane_header(tier, self._lanes)
             if lane:
                 headers.insert(3, lane)  # after X-RateLimit-Limit, -Remaining, -Reset
-        exposing = self.config.expose_headers and "origin" in request.headers and bool(headers)
-        if not blocked:
-            return Verdict(None, headers, exposing)
-        if plan.shadow:
-            metrics.count("shadow_blocked", route, tier)
-            return Verdict(None, headers, exposing)
-        metrics.count("blocked", route, tier)
-        if self.abuse is not None:
-            self.abuse.record_denial(plan.hit.key)
-        shown = headers
-        if exposing:
-            shown = [*headers, ("Access-Control-Expose-Headers", expose(headers, None))]
-        default = too_many_requests(decision, shown, shape, self.config.problem_type)
-        denial = Denial(RATE_LIMITED, request, route, tier, decision, decision.retry_after,
-                        tuple(shown), default)  # fmt: skip
-        return Verdict(self._respond(denial), [])
+        return headers
 
-    def _deciding(
-        self, route: str, buckets: list[tuple[Hit, Decision]], now: float
-    ) -> tuple[Hit, Decision, PolicyShape, Headers]:
-        """The deciding bucket, its decision and shape, and the headers the others add."""
-        # The bucket that refused; when all allowed, the one closest to refusing.
-        at = next((i for i, (_, d) in enumerate(buckets) if not d.allowed), None)
-        if at is None:
-            at = min(range(len(buckets)), key=lambda i: buckets[i][1].remaining)
-        hit, decision = buckets[at]
-        shape = self._shape(_bucket_name(route, hit.scope), hit.rates)
-        style = self.config.headers
-        shared: Headers = []
-        if style in ("both", "legacy"):
-            shared.append(("X-RateLimit-Scope", hit.scope))
-            for other, seen in buckets:
-                if other.scope == "tenant":
-                    shared.append(("X-RateLimit-Tenant-Remaining", str(seen.remaining)))
+    def _add_shared(
+        self, headers: Headers, buckets: list[tuple[Hit, Decision]],
+        shapes: tuple[PolicyShape, ...], at: int, now: float,
+    ) -> None:  # fmt: skip
+        """Fold the other buckets into `headers`, those of the deciding one (`buckets[at]`).
+
+        ``X-RateLimit-Scope`` names the deciding bucket and
+        ``X-RateLimit-Tenant-Remaining`` tells the tenant's (before a
+        Retry-After, which stays last); ``RateLimit-Policy`` and ``RateLimit``
+        list every bucket's item, the deciding one's first.
+        """
+        config = self.config
+        style = config.headers
         if style in ("both", "ietf"):
+            policies, items = [], []
             for i, (other, seen) in enumerate(buckets):
                 if i != at:
-                    other_shape = self._shape(_bucket_name(route, other.scope), other.rates)
-                    shared += rate_limit_headers(
-                        seen, other_shape, now, "ietf", retry_after=False,
-                        partition=other.key if self.config.partition_key else None,
-                        secret=self.secret,
-                    )  # fmt: skip
-        return hit, decision, shape, shared
+                    pk = partition_key(other.key, self.secret) if config.partition_key else None
+                    policy, item = ietf_items(seen, shapes[i], now, pk)
+                    policies.append(policy)
+                    items.append(item)
+            if policies:
+                for i, (name, value) in enumerate(headers):
+                    if name == "RateLimit-Policy":
+                        headers[i] = (name, ", ".join((value, *policies)))
+                    elif name == "RateLimit":
+                        headers[i] = (name, ", ".join((value, *items)))
+        if style in ("both", "legacy"):
+            plain = [("X-RateLimit-Scope", buckets[at][0].scope)]
+            plain += [
+                ("X-RateLimit-Tenant-Remaining", str(seen.remaining))
+                for other, seen in buckets
+                if other.scope == "tenant"
+            ]
+            end = len(headers)
+            if end and headers[-1][0] == "Retry-After":  # keep it last
+                end -= 1
+            headers[end:end] = plain
 
     def _failure(
         self, route: RoutePolicy, tier: str, request: RequestInfo, fail_open: bool,
@@ -632,6 +570,17 @@ class Guard:
                         (("Retry-After", str(retry)),), default)  # fmt: skip
         return Verdict(self._respond(denial), [])
 
+    def answer(
+        self, response: HttpResponse, request: RequestInfo, cors: CorsOrigins | None
+    ) -> HttpResponse:
+        """A verdict's `response` as a driver sends it: readable by browser code (`with_cors`).
+
+        `cors` grants the request's origin (None: no grant, a CORS layer
+        above does); the rate-limit headers are exposed when the config says so.
+        """
+        origin = request.headers.get("origin")
+        return with_cors(response, origin, cors, exposing=self.config.expose_headers)
+
     def _respond(self, denial: Denial) -> HttpResponse:
         if self._factory is None:
             return denial.default
@@ -668,7 +617,7 @@ class Guard:
             config = self.config
             multipliers = {**config.tier_multipliers, **factor}
             # Scaled rates and their header shapes were made for the old factors.
-            self._scaled = ScaledRates()
+            self.planner.reset()
             self._shapes = {}
             self.config = replace(config, tier_multipliers=multipliers)
 
@@ -724,79 +673,36 @@ def _bucket_name(route: str, scope: str) -> str:
     return route if scope == "caller" else f"{route}-{scope}"
 
 
-def _merged(headers: Headers, shared: Headers) -> Headers:
-    """`headers` of the deciding bucket with the other buckets' `shared` ones folded in.
-
-    A field the others repeat (``RateLimit``, ``RateLimit-Policy``) becomes
-    one list, the deciding bucket's item first; the rest are appended.
-    """
-    if not shared:
-        return headers
-    extra: dict[str, list[str]] = {}
-    plain: Headers = []
-    for name, value in shared:
-        lowered = name.lower()
-        if lowered in _LIST_FIELDS:
-            extra.setdefault(lowered, []).append(value)
-        else:
-            plain.append((name, value))
-    out: Headers = []
-    at = -1
-    for name, value in headers:
-        more = extra.pop(name.lower(), None) if extra else None
-        if at < 0 and name == "Retry-After":
-            at = len(out)
-        out.append((name, value if more is None else ", ".join([value, *more])))
-    if at >= 0:  # keep Retry-After last, after ours
-        return [*out[:at], *plain, *out[at:]]
-    return [*out, *plain]
-
-
-#: The fields `_merged` folds into one list.
-_LIST_FIELDS = frozenset({"ratelimit", "ratelimit-policy"})
+def _deciding(buckets: list[tuple[Hit, Decision]]) -> int:
+    """The bucket that decides: the first that refused; when all allowed, the one closest to refusing."""
+    at, least = 0, -1
+    for i, (_, decision) in enumerate(buckets):
+        if not decision.allowed:
+            return i
+        if least < 0 or decision.remaining < least:
+            at, least = i, decision.remaining
+    return at
 
 
 # -- the two drivers ---------------------------------------------------------------
 
 
-class GuardOptions(TypedDict):
-    """The hooks every HTTP entry point hands its `Guard`, as `build_guard` takes them.
-
-    `quota.http.asgi.QuotaMiddleware`, `quota.http.wsgi.QuotaWSGIMiddleware`
-    and `quota.http.fastapi.RateLimit` take each as a keyword of the same
-    name (default None) and pass them on together; see `QuotaMiddleware` for
-    what each does.
-    """
-
-    identify: IdentifyHook | None
-    token_validator: TokenValidator | None
-    response_factory: ResponseFactory | None
-    plans: Plans | None
-    pressure: Callable[[], float] | None
-    clock: Callable[[], float] | None
-    observer: ObserverLike | None
-    on_abuse: AlertCallback | None
-
-
 def build_guard(
     config: HttpConfig | None, options: GuardOptions, *, dialect: str,
-    app_clock: Callable[[], float] | None,
+    app_clock: Callable[[], float] | None, where: str = "build_guard",
 ) -> Guard:  # fmt: skip
     """The `Guard` of a middleware or dependency on a store of `dialect`.
 
     `config` None is `HttpConfig.from_env` with `DEFAULT_POLICY` as the
     default class; without a ``clock`` hook the guard reads `app_clock` (the
-    limiter's), else `time.time`.
+    limiter's), else `time.time`. Raises `TypeError` for a key of `options`
+    that is not a hook, naming `where` (the entry point they were passed to).
     """
+    hooks = guard_options(where, options)
     if config is None:
         config = HttpConfig.from_env(default=DEFAULT_POLICY)
-    return Guard(
-        config, dialect=dialect, identify=options["identify"],
-        token_validator=options["token_validator"], response_factory=options["response_factory"],
-        plans=options["plans"], pressure=options["pressure"],
-        clock=options["clock"] or app_clock or time.time, observer=options["observer"],
-        on_abuse=options["on_abuse"],
-    )  # fmt: skip
+    hooks["clock"] = hooks["clock"] or app_clock
+    return Guard(config, dialect=dialect, **hooks)
 
 
 def drive_sync(flow: Flow, hit: Callable[[Hit], Decision], load: Callable[[], Any]) -> Verdict:
@@ -842,6 +748,52 @@ def own_limiter_settings(dialect: str) -> dict[str, Any]:
     return settings
 
 
+class _Calls(Generic[R]):
+    """The limiter calls behind a `Hit` and `LOAD_POLICIES`, for either face.
+
+    `R` is what the face's calls return: a `Decision` (sync) or an awaitable
+    of one. A single rate goes through ``rate_limit`` (the limiter's hot path
+    for a fixed window), several through ``hit``. On a limiter with a
+    fallback, a fail-closed class's hit raises `StoreDown` while the store is
+    down (the class answers 503) instead of being decided from memory.
+    """
+
+    __slots__ = ("_hit", "_limiter", "_rate_limit", "_routes", "guarded", "store")
+
+    def __init__(self, limiter: Limiter | AsyncLimiter, routes: Sequence[str]) -> None:
+        self._limiter = limiter
+        self._rate_limit: Callable[..., R] = limiter.rate_limit  # type: ignore[assignment]
+        self._hit: Callable[..., R] = limiter.hit  # type: ignore[assignment]
+        self._routes = routes
+        self.store = limiter.store
+        self.guarded = limiter.options.fallback is not None
+
+    def call(self, effect: Hit) -> R:
+        """Count `effect` (refused at once when it is fail-closed and the store is down)."""
+        closed = effect.fail_closed and self.guarded
+        if closed and not self.store.up:
+            raise _store_down()
+        rates = effect.rates
+        if len(rates) == 1 and rates[0].refill_per_second is None:
+            rate = rates[0]
+            return self._rate_limit(
+                effect.key, rate.limit, rate.window, cost=effect.cost,
+                algorithm=rate.algorithm, burst=rate.burst, fail_closed=closed,
+            )  # fmt: skip
+        return self._hit(effect.key, rates, cost=effect.cost, fail_closed=closed)
+
+    def closed(self, effect: Hit, decision: Decision) -> Decision:
+        """`decision`, unless this very call found the store down on a fail-closed `effect`."""
+        if effect.fail_closed and self.guarded and not decision.allowed and not self.store.up:
+            raise _store_down()
+        return decision
+
+    def load(self) -> R:
+        # Under a fallback: held to its budget, refused while the store is down.
+        limiter = self._limiter
+        return limiter.run(read_op(self._routes, limiter.options.app_clock()), strict=True)  # type: ignore[return-value]
+
+
 def _store_down() -> StoreDown:
     return StoreDown("the limiter's store is down (its fallback refuses fail-closed classes)")
 
@@ -849,85 +801,38 @@ def _store_down() -> StoreDown:
 def sync_effects(
     limiter: Limiter, routes: Sequence[str] = ()
 ) -> tuple[Callable[[Hit], Decision], Callable[[], Any]]:
-    """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`.
+    """`hit` and `load` for `drive_sync` on a sync `quota.Limiter`; see `_Calls`.
 
-    A single rate goes through ``rate_limit`` (the limiter's hot path for a
-    fixed window), several through ``hit``. On a limiter with a fallback, a
-    fail-closed class's hit raises `StoreDown` while the store is down (the
-    class answers 503) instead of being decided from memory. `load` also
-    records `routes`, the names of the route classes the middleware serves, in
-    ``quota_settings`` when they are not there yet (see `read_op`).
+    `load` also records `routes`, the names of the route classes the
+    middleware serves, in ``quota_settings`` when they are not there yet
+    (see `read_op`).
     """
-    rate_limit, hit_many = limiter.rate_limit, limiter.hit
-    store, guarded = limiter.store, limiter.options.fallback is not None
+    calls: _Calls[Decision] = _Calls(limiter, routes)
 
     def hit(effect: Hit) -> Decision:
-        closed = effect.fail_closed and guarded
-        if closed and not store.up:
-            raise _store_down()
-        rates = effect.rates
-        if len(rates) == 1 and rates[0].refill_per_second is None:
-            rate = rates[0]
-            decision = rate_limit(
-                effect.key, rate.limit, rate.window, cost=effect.cost,
-                algorithm=rate.algorithm, burst=rate.burst, fail_closed=closed,
-            )  # fmt: skip
-        else:
-            decision = hit_many(effect.key, rates, cost=effect.cost, fail_closed=closed)
-        if closed and not decision.allowed and not store.up:
-            raise _store_down()  # refused because this very call found the store down
-        return decision
+        return calls.closed(effect, calls.call(effect))
 
-    def load() -> Snapshot:
-        # Under a fallback: held to its budget, refused while the store is down.
-        return limiter.run(read_op(routes, limiter.options.app_clock()), strict=True)
-
-    return hit, load
+    return hit, calls.load
 
 
 def async_effects(
     limiter: AsyncLimiter, routes: Sequence[str] = ()
 ) -> tuple[Callable[[Hit], Awaitable[Decision]], Callable[[], Awaitable[Any]]]:
     """`hit` and `load` for `drive_async` on a `quota.AsyncLimiter`; see `sync_effects`."""
-    rate_limit, hit_many = limiter.rate_limit, limiter.hit
-    store, guarded = limiter.store, limiter.options.fallback is not None
+    calls: _Calls[Awaitable[Decision]] = _Calls(limiter, routes)
 
-    async def closed_hit(effect: Hit) -> Decision:
-        if not store.up:
-            raise _store_down()
-        rates = effect.rates
-        if len(rates) == 1 and rates[0].refill_per_second is None:
-            rate = rates[0]
-            decision = await rate_limit(
-                effect.key, rate.limit, rate.window, cost=effect.cost,
-                algorithm=rate.algorithm, burst=rate.burst, fail_closed=True,
-            )  # fmt: skip
-        else:
-            decision = await hit_many(effect.key, rates, cost=effect.cost, fail_closed=True)
-        if not decision.allowed and not store.up:
-            raise _store_down()
-        return decision
+    async def closed(effect: Hit) -> Decision:
+        return calls.closed(effect, await calls.call(effect))
 
     def hit(effect: Hit) -> Awaitable[Decision]:
-        if effect.fail_closed and guarded:
-            return closed_hit(effect)
-        rates = effect.rates
-        if len(rates) == 1 and rates[0].refill_per_second is None:
-            rate = rates[0]
-            return rate_limit(
-                effect.key, rate.limit, rate.window, cost=effect.cost,
-                algorithm=rate.algorithm, burst=rate.burst,
-            )  # fmt: skip
-        return hit_many(effect.key, rates, cost=effect.cost)
+        # Only a fail-closed hit needs a look at the store after it (and a coroutine of its own).
+        return closed(effect) if effect.fail_closed and calls.guarded else calls.call(effect)
 
-    def load() -> Awaitable[Snapshot]:
-        # Under a fallback: held to its budget, refused while the store is down.
-        return limiter.run(read_op(routes, limiter.options.app_clock()), strict=True)
-
-    return hit, load
+    return hit, calls.load
 
 
 __all__ = [
+    "HOOKS",
     "LOAD_POLICIES",
     "PASS",
     "Guard",

@@ -1,7 +1,8 @@
 """Who is calling: the client IP behind trusted proxies, credential hashes, HMAC-signed callers.
 
-Pure functions and one small class; nothing here does I/O. Identity is a
-*tier*, not a gate: every caller gets one, the weakest being ``anon``.
+Pure functions and a few small classes (`Callers` resolves a request's
+caller for a guard); nothing here does I/O. Identity is a *tier*, not a
+gate: every caller gets one, the weakest being ``anon``.
 
 ==========  =============================================  ========================
 tier        when                                           subject (part of the key)
@@ -20,11 +21,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quota.http._config import HttpConfig
+
+log = logging.getLogger("quota.http")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -545,3 +552,83 @@ def hashed_subject(kind: str, value: str, secret: bytes, *, ipv6_prefix: int = 6
     elif kind != "tok":
         raise ValueError(f"kind must be 'ip' or 'tok', got {kind!r}")
     return f"{kind}:{keyed_hash(secret, kind, value)}"
+
+
+class Callers:
+    """Who is calling, for a guard: the app's ``identify`` hook, else the built-in tiers.
+
+    A valid signature makes the caller ``trusted``; a bearer token or API
+    key (accepted by the ``token_validator`` hook, when there is one) makes
+    it ``auth``; anyone else is ``anon``, keyed by client IP. Repeat
+    callers' identities are kept (bounded; raw values stay in this
+    process's memory). A failing hook counts ``hook_failed`` through `count`
+    (``count(name, **labels)``) and falls back to the built-in tiers.
+    """
+
+    def __init__(
+        self, secret: bytes, identify: IdentifyHook | None, validator: TokenValidator | None,
+        count: Callable[..., None],
+    ) -> None:  # fmt: skip
+        self.secret = secret
+        self._identify = identify
+        self._validator = validator
+        self._count = count
+        self._identities: dict[tuple[str, str], Identity] = {}
+
+    def resolve(
+        self, request: RequestInfo, now: float, config: HttpConfig
+    ) -> tuple[Identity, str | None]:
+        """The request's `Identity`, and the client IP's subject when its token went unchecked."""
+        if self._identify is not None:
+            try:
+                found = self._identify(request)
+            except Exception:
+                self._count("hook_failed", hook="identify")
+                log.exception("quota: the identify hook failed; using the built-in tiers")
+                found = None
+            if found is not None:
+                return found, None
+        headers = request.headers
+        key_id, reason = verify_signature(
+            headers, request.method, request.raw_path, now, config.hmac_secrets, config.hmac_window
+        )
+        if key_id is not None:
+            return Identity(TRUSTED, "key:" + key_id), None
+        if reason is not None:
+            self._count("hmac_rejected", reason=reason)
+        token = credential(headers, config.api_key_headers)  # type: ignore[arg-type]
+        if token is not None and self._token_ok(token):
+            caller = self._cached(AUTH, "tok", token, config)
+            if self._validator is not None or config.unvalidated_token_ceiling is None:
+                return caller, None
+            return caller, self._by_ip(request, config).subject
+        return self._by_ip(request, config), None
+
+    def subject(self, kind: str, value: str, ipv6_prefix: int) -> str:
+        """The subject an IP (``kind="ip"``) or token (``"tok"``) is keyed under."""
+        return hashed_subject(kind, value, self.secret, ipv6_prefix=ipv6_prefix)
+
+    def _by_ip(self, request: RequestInfo, config: HttpConfig) -> Identity:
+        ip = client_ip(request.peer, request.headers, config.proxy_rules)
+        if ip is None:
+            return Identity(ANON, "ip:unknown")
+        return self._cached(ANON, "ip", ip, config)
+
+    def _cached(self, tier: str, kind: str, value: str, config: HttpConfig) -> Identity:
+        found = self._identities.get((kind, value))
+        if found is None:
+            found = Identity(tier, self.subject(kind, value, config.ipv6_prefix))
+            if len(self._identities) >= 65536:
+                self._identities.clear()
+            self._identities[(kind, value)] = found
+        return found
+
+    def _token_ok(self, token: str) -> bool:
+        if self._validator is None:
+            return True
+        try:
+            return bool(self._validator(token))
+        except Exception:
+            self._count("hook_failed", hook="token_validator")
+            log.exception("quota: the token validator failed; treating the caller as anon")
+            return False

@@ -223,14 +223,26 @@ def rate_limit_headers(
                 ("RateLimit", f"{rate.name};r={remaining};t={reset_in}"),
             ]
         else:
-            pk = partition_key(partition, secret)
-            out += [
-                ("RateLimit-Policy", shape.policy_with(pk)),
-                ("RateLimit", f"{rate.name};r={remaining};t={reset_in};pk={pk}"),
-            ]
+            policy, item = ietf_items(decision, shape, now, partition_key(partition, secret))
+            out += [("RateLimit-Policy", policy), ("RateLimit", item)]
     if retry_after:
         out.append(("Retry-After", str(decision.retry_after)))
     return out
+
+
+def ietf_items(
+    decision: Decision, shape: PolicyShape, now: float, pk: str | None = None
+) -> tuple[str, str]:
+    """The ``RateLimit-Policy`` and ``RateLimit`` values of one bucket (see `rate_limit_headers`).
+
+    `pk` is the bucket's `partition_key`, or None for none. A request
+    counted on several buckets lists each one's items in both fields.
+    """
+    rate = shape.current(decision.window)
+    reset_in = _reset(decision, rate, now)[0]
+    if pk is None:
+        return shape.policy, f"{rate.name};r={decision.remaining};t={reset_in}"
+    return shape.policy_with(pk), f"{rate.name};r={decision.remaining};t={reset_in};pk={pk}"
 
 
 def _reset(decision: Decision, rate: RateShape, now: float) -> tuple[int, int]:

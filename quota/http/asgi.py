@@ -31,7 +31,7 @@ from collections.abc import (
     MutableMapping,
     Sequence,
 )
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from quota._core.errors import SchemaError
@@ -39,13 +39,10 @@ from quota._core.url import SCHEMALESS, default_url, parse_url
 from quota._limiter import AsyncLimiter, Limiter, connect_async
 from quota._sql.statements import SCHEMA_VERSION
 from quota._sql.steps import Op, Rows
-from quota._wrappers.abuse import AlertCallback
-from quota.http._capacity import Plans
 from quota.http._config import HttpConfig
 from quota.http._core import (
     Guard,
     GuardOptions,
-    ObserverLike,
     Verdict,
     async_effects,
     build_guard,
@@ -54,15 +51,16 @@ from quota.http._core import (
     own_limiter_settings,
     sync_effects,
 )
-from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
+from quota.http._identity import RequestInfo
 from quota.http._responses import (
     CorsOrigins,
     HttpResponse,
-    ResponseFactory,
     expose,
     is_preflight,
-    with_cors,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -296,23 +294,19 @@ class QuotaMiddleware:
         limiter: AsyncLimiter | Limiter | None = None,
         url: str | None = None,
         config: HttpConfig | None = None,
-        identify: IdentifyHook | None = None,
-        token_validator: TokenValidator | None = None,
-        response_factory: ResponseFactory | None = None,
-        plans: Plans | None = None,
-        pressure: Callable[[], float] | None = None,
-        clock: Callable[[], float] | None = None,
-        observer: ObserverLike | None = None,
         cors_origins: str | Sequence[str] | None = None,
-        on_abuse: AlertCallback | None = None,
+        **hooks: Unpack[GuardOptions],
     ) -> None:
         self.app = app
         self.cors = find_cors(app) if cors_origins is None else CorsOrigins.of(cors_origins)
         self.limiters = Limiters(limiter, url)
-        self.guard = build_guard(config, GuardOptions(
-            identify=identify, token_validator=token_validator, response_factory=response_factory,
-            plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
-        ), dialect=self.limiters.dialect, app_clock=self.limiters.clock())  # fmt: skip
+        self.guard = build_guard(
+            config,
+            hooks,
+            dialect=self.limiters.dialect,
+            app_clock=self.limiters.clock(),
+            where="QuotaMiddleware",
+        )
         self.limiters.routes = self.guard.route_names
         self.metrics = self.guard.metrics
 
@@ -332,11 +326,7 @@ class QuotaMiddleware:
         verdict = await decide(self.guard, self.limiters, request)
         response = verdict.response
         if response is not None:
-            response = with_cors(
-                response, request.headers.get("origin"), self.cors,
-                exposing=self.guard.config.expose_headers,
-            )  # fmt: skip
-            await send_response(send, response)
+            await send_response(send, self.guard.answer(response, request, self.cors))
             return
         if not verdict.headers:
             await self.app(scope, receive, send)

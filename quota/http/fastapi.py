@@ -21,9 +21,9 @@ FastAPI's default handler still answers 429 with the headers).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -31,14 +31,14 @@ from starlette.responses import Response
 
 from quota._core.algorithms import Rate
 from quota._limiter import AsyncLimiter, Limiter
-from quota._wrappers.abuse import AlertCallback
-from quota.http._capacity import Plans
 from quota.http._config import HttpConfig
-from quota.http._core import GuardOptions, ObserverLike, build_guard
-from quota.http._identity import IdentifyHook, TokenValidator
-from quota.http._responses import HttpResponse, ResponseFactory
+from quota.http._core import GuardOptions, build_guard
+from quota.http._responses import HttpResponse
 from quota.http._routes import RoutePolicy
 from quota.http.asgi import Limiters, asgi_request, decide
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class RateLimited(HTTPException):
@@ -91,14 +91,7 @@ class RateLimit:
         limiter: AsyncLimiter | Limiter | None = None,
         url: str | None = None,
         config: HttpConfig | None = None,
-        identify: IdentifyHook | None = None,
-        token_validator: TokenValidator | None = None,
-        response_factory: ResponseFactory | None = None,
-        plans: Plans | None = None,
-        pressure: Callable[[], float] | None = None,
-        clock: Callable[[], float] | None = None,
-        observer: ObserverLike | None = None,
-        on_abuse: AlertCallback | None = None,
+        **hooks: Unpack[GuardOptions],
     ) -> None:
         policy = RoutePolicy(
             name=name, rates=rates, cost=cost, algorithm=algorithm, fail_open=fail_open,
@@ -106,10 +99,13 @@ class RateLimit:
         )  # fmt: skip
         base = config if config is not None else HttpConfig.from_env()
         self.limiters = Limiters(limiter, url)
-        self.guard = build_guard(replace(base, policies=(), default=policy), GuardOptions(
-            identify=identify, token_validator=token_validator, response_factory=response_factory,
-            plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
-        ), dialect=self.limiters.dialect, app_clock=self.limiters.clock())  # fmt: skip
+        self.guard = build_guard(
+            replace(base, policies=(), default=policy),
+            hooks,
+            dialect=self.limiters.dialect,
+            app_clock=self.limiters.clock(),
+            where="RateLimit",
+        )
         self.metrics = self.guard.metrics
 
     async def aclose(self) -> None:

@@ -13,25 +13,25 @@ from __future__ import annotations
 
 import http
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from quota._core.url import default_url, parse_url
 from quota._limiter import Limiter, connect
-from quota._wrappers.abuse import AlertCallback
-from quota.http._capacity import Plans
 from quota.http._config import HttpConfig
 from quota.http._core import (
     GuardOptions,
-    ObserverLike,
     Verdict,
     build_guard,
     drive_sync,
     own_limiter_settings,
     sync_effects,
 )
-from quota.http._identity import IdentifyHook, RequestInfo, TokenValidator
-from quota.http._responses import CorsOrigins, ResponseFactory, expose, with_cors
+from quota.http._identity import RequestInfo
+from quota.http._responses import CorsOrigins, expose
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -103,15 +103,8 @@ class QuotaWSGIMiddleware:
         limiter: Limiter | None = None,
         url: str | None = None,
         config: HttpConfig | None = None,
-        identify: IdentifyHook | None = None,
-        token_validator: TokenValidator | None = None,
-        response_factory: ResponseFactory | None = None,
-        plans: Plans | None = None,
-        pressure: Callable[[], float] | None = None,
-        clock: Callable[[], float] | None = None,
-        observer: ObserverLike | None = None,
         cors_origins: str | Sequence[str] | None = None,
-        on_abuse: AlertCallback | None = None,
+        **hooks: Unpack[GuardOptions],
     ) -> None:
         self.app = app
         self.cors = CorsOrigins.of(cors_origins)
@@ -121,10 +114,13 @@ class QuotaWSGIMiddleware:
             # Group commit between the server's threads; a lone request goes out at once.
             limiter = connect(url, **own_limiter_settings(dialect))
         self.limiter = limiter
-        self.guard = build_guard(config, GuardOptions(
-            identify=identify, token_validator=token_validator, response_factory=response_factory,
-            plans=plans, pressure=pressure, clock=clock, observer=observer, on_abuse=on_abuse,
-        ), dialect=limiter.store.dialect, app_clock=limiter.options.app_clock)  # fmt: skip
+        self.guard = build_guard(
+            config,
+            hooks,
+            dialect=limiter.store.dialect,
+            app_clock=limiter.options.app_clock,
+            where="QuotaWSGIMiddleware",
+        )
         self.metrics = self.guard.metrics
         self._effects = sync_effects(limiter, self.guard.route_names)
 
@@ -141,10 +137,7 @@ class QuotaWSGIMiddleware:
         verdict = drive_sync(self.guard.flow(request), *self._effects)
         response = verdict.response
         if response is not None:
-            response = with_cors(
-                response, request.headers.get("origin"), self.cors,
-                exposing=self.guard.config.expose_headers,
-            )  # fmt: skip
+            response = self.guard.answer(response, request, self.cors)
             start_response(status_line(response.status), list(response.headers))
             return [response.body]
         if not verdict.headers:

@@ -662,22 +662,44 @@ def test_the_http_all_is_exactly_the_public_names() -> None:
 
 
 def test_every_entry_point_takes_every_guard_hook_as_a_keyword() -> None:
-    """A hook added to `GuardOptions` fails here until each public constructor takes it."""
+    """Each public constructor takes the hooks `GuardOptions` declares, and refuses other names."""
     import inspect
 
-    from quota.http._core import GuardOptions
+    from quota.http._core import HOOKS, GuardOptions
     from quota.http.asgi import QuotaMiddleware
     from quota.http.wsgi import QuotaWSGIMiddleware
 
     fastapi = pytest.importorskip("quota.http.fastapi")
-    hooks = set(GuardOptions.__required_keys__)
-    for entry in (QuotaMiddleware, QuotaWSGIMiddleware, fastapi.RateLimit):
-        params = inspect.signature(entry).parameters
-        missing = sorted(h for h in hooks if h not in params)
-        assert not missing, (entry.__name__, missing)
-        for name in hooks:
-            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (entry.__name__, name)
-            assert params[name].default is None, (entry.__name__, name)
+    assert set(HOOKS) == set(GuardOptions.__optional_keys__)
+    config = HttpConfig(default=RoutePolicy(name="api", rates="10/minute"))
+    given = dict.fromkeys(HOOKS)
+    given["clock"] = lambda: NOW
+    made = [
+        QuotaMiddleware(_app, limiter=quota.connect_async("memory://"), config=config, **given),
+        QuotaWSGIMiddleware(_wsgi_app, limiter=quota.connect("memory://"), config=config, **given),
+        fastapi.RateLimit(
+            "10/minute", name="api", limiter=quota.connect_async("memory://"), **given
+        ),
+        Guard(config, dialect="sqlite", **given),
+    ]
+    for entry in made:
+        guard = entry if isinstance(entry, Guard) else entry.guard
+        assert guard.clock() == NOW
+    for cls in (QuotaMiddleware, QuotaWSGIMiddleware, fastapi.RateLimit, Guard):
+        hooks = inspect.signature(cls).parameters["hooks"]
+        assert hooks.kind is inspect.Parameter.VAR_KEYWORD, cls.__name__
+    with pytest.raises(TypeError, match=r"QuotaMiddleware.*'identifier'"):
+        QuotaMiddleware(_app, limiter=quota.connect_async("memory://"), identifier=None)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"Guard.*'on_abused'"):
+        Guard(config, dialect="sqlite", on_abused=None)  # type: ignore[call-arg]
+
+
+async def _app(scope: dict[str, object], receive: object, send: object) -> None:
+    raise AssertionError("not called")
+
+
+def _wsgi_app(environ: dict[str, object], start_response: object) -> list[bytes]:
+    raise AssertionError("not called")
 
 
 def test_http_metrics_is_apart_from_the_prometheus_metrics() -> None:

@@ -56,7 +56,6 @@ from quota.http import (
     build_guard,
     drive_sync,
     is_preflight,
-    with_cors,
 )
 from quota.http.asgi import Limiters, asgi_request, decide
 from quota.http.wsgi import add_headers, wsgi_request
@@ -260,8 +259,7 @@ class QuotaMiddleware:
 
     def _denied(self, info: RequestInfo, response: HttpResponse) -> DjangoResponse:
         # A CORS middleware above this one (django-cors-headers) grants the origin.
-        exposing = self.guard.config.expose_headers
-        return to_django(with_cors(response, info.headers.get("origin"), None, exposing=exposing))
+        return to_django(self.guard.answer(response, info, None))
 
     @staticmethod
     def _allowed(response: Any, verdict: Verdict) -> Any:
