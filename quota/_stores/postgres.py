@@ -315,7 +315,7 @@ class _Pool:
         """Give back a connection whose last call ended cleanly (no transaction open)."""
         if self._closed or conn.is_closed():
             self.discard(conn)
-        elif not self._wake(conn):
+        elif not (self._waiters and self._wake(conn)):
             self._idle.append((conn, time.monotonic()))
             if self._reaper is None:
                 self._schedule_reap()
