@@ -150,6 +150,10 @@ def display_key(stored: str) -> str:
     return stored[2:] if stored.startswith("k:") else stored
 
 
+#: The longest key `hit_params` keeps as it is without encoding it (4 bytes a character at most).
+_MAX_PLAIN_KEY = MAX_RAW_KEY_BYTES // 4
+
+
 def hit_params(
     key: object, limit: object, window: object, now: float, cost: int = 1
 ) -> tuple[str, str, int, int, int, float]:
@@ -162,20 +166,14 @@ def hit_params(
 
     This runs on every decision, so the common case is checked inline.
     """
-    if (
-        type(key) is str
-        and 0 < len(key) <= MAX_RAW_KEY_BYTES // 4
-        and key.isascii()
-        and "\x00" not in key
-    ):
+    if type(key) is str and 0 < len(key) <= _MAX_PLAIN_KEY and key.isascii() and "\x00" not in key:
         skey = "k:" + key
     else:
         skey = stored_key(key)
     if type(limit) is not int or not 0 < limit <= MAX_LIMIT:
         check_int("limit", limit, maximum=MAX_LIMIT)
     if type(window) is not int or not 0 < window <= MAX_WINDOW:
-        check_int("window", window, maximum=MAX_WINDOW)
-    assert isinstance(window, int)
+        window = check_int("window", window, maximum=MAX_WINDOW)
     if now.__class__ is not float or not 0.0 <= now <= MAX_NOW:  # NaN fails the range test
         check_now(now)
     second = int(now)
@@ -265,7 +263,14 @@ def decide(
     """
     reset_at = window_start + window
     if count is not None and count <= limit:
-        return _decision(True, key, limit, limit - count, count, window, reset_at, 0)
+        # `_decision` inline: an allowed hit is the common case of every request.
+        decision = _new(Decision)
+        _set(decision, "__dict__", {
+            "allowed": True, "key": key, "limit": limit, "remaining": limit - count,
+            "count": count, "window": window, "reset_at": reset_at, "retry_after": 0,
+            "retry_after_exact": 0.0,
+        })  # fmt: skip
+        return decision
     return _decision(
         False, key, limit, 0, limit if count is None else count, window, reset_at,
         retry_after(reset_at, now), reset_at - now,

@@ -327,11 +327,15 @@ class Binder:
     compiled for the dialect and the clock (`positional`).
     """
 
-    __slots__ = ("_compiled", "_db_clock", "_dialect", "_style")
+    __slots__ = ("_compiled", "_db_clock", "_dialect", "_style", "plain")
 
     def __init__(self, style: str, dialect: str, db_clock: bool) -> None:
         self._style, self._dialect, self._db_clock = style, dialect, db_clock
         self._compiled: dict[str, tuple[str, Picker | None]] = {}
+        #: The text of each statement made so far whose parameters go to the driver as
+        #: they come: a store's hot path looks its statement up here, and calls the
+        #: binder only when it is missing.
+        self.plain: dict[str, str] = {}
 
     def __call__(self, statement: Statement, params: Sequence[Any]) -> tuple[str, Sequence[Any]]:
         """`statement`'s text for the driver, and `params` in the driver's order."""
@@ -350,7 +354,10 @@ class Binder:
             compiled = render(known.sql, self._style), None
         if len(self._compiled) >= BINDER_SIZE:
             self._compiled.clear()
+            self.plain.clear()
         self._compiled[known] = compiled
+        if compiled[1] is None:
+            self.plain[known] = compiled[0]
         return compiled
 
 

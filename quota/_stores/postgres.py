@@ -317,7 +317,7 @@ class _Pool:
         """Give back a connection whose last call ended cleanly (no transaction open)."""
         if self._closed or conn.is_closed():
             self.discard(conn)
-        elif not self._wake(conn):
+        elif not (self._waiters and self._wake(conn)):
             self._idle.append((conn, time.monotonic()))
             if self._reaper is None:
                 self._schedule_reap()
@@ -459,6 +459,8 @@ class _PostgresServer:
         self.url = url
         self.db_clock = db_clock
         self._bind = _sql.Binder(self._style, "postgresql", db_clock)
+        #: The statements' texts that need no binding (`quota._sql.statements.Binder.plain`).
+        self._plain = self._bind.plain
         self._dsn = dsn
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
@@ -558,7 +560,9 @@ class AsyncPostgresStore(_PostgresServer):
             raise wrap_error(exc, self.url) from exc
 
     async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
-        sql, params = self._bind(statement, params)
+        sql = self._plain.get(statement)
+        if sql is None:
+            sql, params = self._bind(statement, params)
         pool = self._pool
         conn = pool.try_acquire() if pool is not None else None  # the hot path: no awaits
         if conn is None:  # the first call also finds out whether the table is partitioned
@@ -568,10 +572,22 @@ class AsyncPostgresStore(_PostgresServer):
             sql = _partitions.partitioned_sql(sql)
         for _ in range(self._pool_size):
             try:
-                if self._prepared_statements:
-                    rows = await self._fetch_prepared(pool, conn, sql, params)
-                else:
+                if not self._prepared_statements:
                     rows = await conn.fetch(sql, *params, timeout=self._budget)
+                else:
+                    # A prepared statement of our own per connection and text: asyncpg's
+                    # `fetch(text)` path (statement cache, timers) costs ~5 µs of client
+                    # CPU a call more, a tenth of a decision.
+                    prepared = pool.prepared[conn].get(sql)
+                    if prepared is None:
+                        prepared = pool.prepared[conn][sql] = await conn.prepare(sql)
+                    try:
+                        rows = await prepared.fetch(*params)
+                    except _STALE_STATEMENT:
+                        # The schema changed under the statement (a migration): drop
+                        # it; asyncpg's own path prepares afresh and retries.
+                        pool.prepared[conn].pop(sql, None)
+                        rows = await conn.fetch(sql, *params)
             except BaseException as exc:
                 if _reusable(exc) and not conn.is_in_transaction():
                     pool.release(conn)
@@ -591,25 +607,6 @@ class AsyncPostgresStore(_PostgresServer):
         raise StorageError(f"PostgreSQL on {redact(self.url)} closed every connection offered")
 
     execute_strict = execute
-
-    @staticmethod
-    async def _fetch_prepared(
-        pool: _Pool, conn: asyncpg.Connection, sql: str, params: Sequence[Any]
-    ) -> Rows:
-        # A prepared statement of our own per connection and text: asyncpg's
-        # `fetch(text)` path (statement cache, timers) costs ~5 µs of client
-        # CPU a call more, a tenth of a decision.
-        prepared = pool.prepared[conn]
-        statement = prepared.get(sql)
-        if statement is None:
-            statement = prepared[sql] = await conn.prepare(sql)
-        try:
-            return await statement.fetch(*params)
-        except _STALE_STATEMENT:
-            # The schema changed under the statement (a migration): drop
-            # it; asyncpg's own path prepares afresh and retries.
-            prepared.pop(sql, None)
-            return await conn.fetch(sql, *params)
 
     async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
         # Maintenance without a transaction lifts the session's budget for the operation;
@@ -935,7 +932,9 @@ class PostgresStore(_PostgresServer):
         pool.release(conn)
 
     def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
-        sql, params = self._bind(statement, params)
+        sql = self._plain.get(statement)
+        if sql is None:
+            sql, params = self._bind(statement, params)
         pool = self._pool
         try:
             conn = pool.acquire()
