@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from quota._core.errors import StorageError
@@ -30,6 +30,37 @@ DEFAULT_IDLE_TIMEOUT = 300.0
 
 class PoolTimeout(StorageError):
     """Every connection of the pool stayed busy for the whole wait."""
+
+
+# What the sync pool and the async store's pool (`quota._stores.postgres`) share.
+# The rest differs by face: threads borrow without a lock and wait on a lock of
+# their own; the event loop needs no lock, waits on futures, and opens and
+# settles connections in tasks.
+
+
+def busy_message(size: int, wait_timeout: float) -> str:
+    """The error text for a caller that waited `wait_timeout` seconds on a busy pool."""
+    return (
+        f"all {size} connections stayed busy for {wait_timeout:g}s"
+        " (raise pool_size, or look for slow statements)"
+    )
+
+
+def reap_period(idle_timeout: float) -> float:
+    """Seconds between two looks for connections idle for longer than `idle_timeout`."""
+    return max(idle_timeout / 4, 0.01)
+
+
+def stale_count(idle: Sequence[tuple[object, float]], cutoff: float) -> int:
+    """How many of `idle` (connections with release times, oldest first) date from `cutoff` or before.
+
+    The oldest are first: a busy pool lends the most recently released ones, so those
+    it does not need age at the front.
+    """
+    count = 0
+    while count < len(idle) and idle[count][1] <= cutoff:
+        count += 1
+    return count
 
 
 class _Waiter(Generic[C]):
@@ -92,16 +123,9 @@ class SyncPool(Generic[C]):
         return self._replace(conn)
 
     def _replace(self, dead: C) -> C:
-        """Close `dead` and every other idle connection found dead; lend a live one."""
-        while True:
-            self.discard(dead)
-            try:
-                conn = self._idle.pop()[0]
-            except IndexError:
-                return self._acquire_slow()
-            if self._alive is None or self._alive(conn):
-                return conn
-            dead = conn
+        """Close `dead`; the slow path lends another idle one it finds alive, or opens one."""
+        self.discard(dead)
+        return self._acquire_slow()
 
     def _acquire_slow(self) -> C:
         deadline = self._clock() + self._wait_timeout
@@ -134,10 +158,7 @@ class SyncPool(Generic[C]):
                     self._waiters.remove(waiter)
                     self._waiting = len(self._waiters)
                     if self._clock() >= deadline:
-                        raise PoolTimeout(
-                            f"all {self.size} connections stayed busy for {self._wait_timeout:g}s"
-                            " (raise pool_size, or look for slow statements)"
-                        )
+                        raise PoolTimeout(busy_message(self.size, self._wait_timeout))
                     continue
             break  # a slot freed by a closed connection: open one
         if self._open_timeout is not None:
@@ -229,7 +250,7 @@ class SyncPool(Generic[C]):
         self._reaper.start()
 
     def _reap_loop(self) -> None:
-        period = max(self._idle_timeout / 4, 0.01)
+        period = reap_period(self._idle_timeout)
         while not self._closed:
             self._wake_reaper.wait(period)
             self.reap()
@@ -237,11 +258,8 @@ class SyncPool(Generic[C]):
     def reap(self) -> int:
         """Close the connections idle for longer than `idle_timeout`; return how many."""
         cutoff = self._clock() - self._idle_timeout
-        stale: list[C] = []
         with self._lock:
-            # The oldest are on the left; a busy pool reuses those on the right.
-            while self._idle and self._idle[0][1] <= cutoff:
-                stale.append(self._idle.popleft()[0])
+            stale = [self._idle.popleft()[0] for _ in range(stale_count(self._idle, cutoff))]
         for conn in stale:
             self._close_conn(conn)
         if stale:

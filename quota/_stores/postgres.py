@@ -47,7 +47,13 @@ from quota._sql.schema import accepted_version, check_version, missing_objects_e
 from quota._sql.statements import Statement
 from quota._sql.steps import Op, Rows, adrive, drive
 from quota._stores.base import StoreSettings, call_deadline
-from quota._stores.pool import DEFAULT_IDLE_TIMEOUT, SyncPool
+from quota._stores.pool import (
+    DEFAULT_IDLE_TIMEOUT,
+    SyncPool,
+    busy_message,
+    reap_period,
+    stale_count,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -277,10 +283,7 @@ class _Pool:
                 if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
                     self.release(waiter.result())
                 if isinstance(exc, asyncio.TimeoutError):
-                    raise StorageError(
-                        f"all {self._size} connections stayed busy for {self._wait_timeout:g}s"
-                        " (raise pool_size, or look for slow statements)"
-                    ) from exc
+                    raise StorageError(busy_message(self._size, self._wait_timeout)) from exc
                 raise
             if handed is not None:
                 return handed
@@ -375,15 +378,13 @@ class _Pool:
 
     def _schedule_reap(self) -> None:
         loop = asyncio.get_running_loop()
-        self._reaper = loop.call_later(max(self._idle_timeout / 4, 0.01), self.reap)
+        self._reaper = loop.call_later(reap_period(self._idle_timeout), self.reap)
 
     def reap(self) -> int:
         """Close connections idle for longer than `idle_timeout`; return how many."""
         self._reaper = None
         cutoff = time.monotonic() - self._idle_timeout
-        stale = 0
-        while stale < len(self._idle) and self._idle[stale][1] <= cutoff:
-            stale += 1  # the oldest are first; a busy pool reuses the last ones
+        stale = stale_count(self._idle, cutoff)
         for conn, _ in self._idle[:stale]:
             self.discard(conn)
         del self._idle[:stale]
