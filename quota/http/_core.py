@@ -510,18 +510,20 @@ class Guard:
         style = config.headers
         if style in ("both", "ietf"):
             policies, items = [], []
+            keyed = config.partition_key
             for i, (other, seen) in enumerate(buckets):
                 if i != at:
-                    pk = partition_key(other.key, self.secret) if config.partition_key else None
+                    pk = partition_key(other.key, self.secret) if keyed else None
                     policy, item = ietf_items(seen, shapes[i], now, pk)
                     policies.append(policy)
                     items.append(item)
             if policies:
-                for i, (name, value) in enumerate(headers):
-                    if name == "RateLimit-Policy":
-                        headers[i] = (name, ", ".join((value, *policies)))
-                    elif name == "RateLimit":
-                        headers[i] = (name, ", ".join((value, *items)))
+                # Where `rate_limit_headers` puts them: after the three legacy ones, if any.
+                first = 0 if style == "ietf" else 3
+                name, value = headers[first]
+                headers[first] = (name, ", ".join((value, *policies)))
+                name, value = headers[first + 1]
+                headers[first + 1] = (name, ", ".join((value, *items)))
         if style in ("both", "legacy"):
             plain = [("X-RateLimit-Scope", buckets[at][0].scope)]
             plain += [

@@ -209,22 +209,22 @@ def rate_limit_headers(
     rate = shape.current(decision.window)
     reset_in, reset_at = _reset(decision, rate, now)
     remaining = str(decision.remaining)
-    out: Headers = []
-    if style != "ietf":
-        out += [
+    if style == "ietf":
+        out: Headers = []
+    else:
+        out = [
             ("X-RateLimit-Limit", str(decision.limit)),
             ("X-RateLimit-Remaining", remaining),
             ("X-RateLimit-Reset", str(reset_at)),
         ]
     if style != "legacy":
         if partition is None:
-            out += [
-                ("RateLimit-Policy", shape.policy),
-                ("RateLimit", f"{rate.name};r={remaining};t={reset_in}"),
-            ]
+            out.append(("RateLimit-Policy", shape.policy))
+            out.append(("RateLimit", f"{rate.name};r={remaining};t={reset_in}"))
         else:
             policy, item = ietf_items(decision, shape, now, partition_key(partition, secret))
-            out += [("RateLimit-Policy", policy), ("RateLimit", item)]
+            out.append(("RateLimit-Policy", policy))
+            out.append(("RateLimit", item))
     if retry_after:
         out.append(("Retry-After", str(decision.retry_after)))
     return out

@@ -73,6 +73,17 @@ log = logging.getLogger("quota.http")
 _EXPOSE = b"access-control-expose-headers"
 #: Header names as ASGI sends them (lower-case bytes), encoded once.
 _NAMES: dict[str, bytes] = {}
+#: The names deciding reads (lower case already), encoded once.
+_READ: dict[str, bytes] = {}
+
+
+def _read_name(name: str) -> bytes:
+    raw = _READ.get(name)
+    if raw is None:
+        raw = name.encode("latin-1")
+        if len(_READ) < 1024:
+            _READ[name] = raw
+    return raw
 
 
 class AsgiHeaders(Mapping[str, str]):
@@ -96,17 +107,17 @@ class AsgiHeaders(Mapping[str, str]):
         self._raw = raw
 
     def get(self, name: str, default: Any = None) -> Any:
-        value = self._raw.get(name.encode("latin-1"))
+        value = self._raw.get(_READ.get(name) or _read_name(name))
         return default if value is None else value.decode("latin-1")
 
     def __getitem__(self, name: str) -> str:
-        value = self._raw.get(name.encode("latin-1"))
+        value = self._raw.get(_READ.get(name) or _read_name(name))
         if value is None:
             raise KeyError(name)
         return value.decode("latin-1")
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.encode("latin-1") in self._raw
+        return isinstance(name, str) and _read_name(name) in self._raw
 
     def __iter__(self) -> Iterator[str]:
         return (name.decode("latin-1") for name in self._raw)
