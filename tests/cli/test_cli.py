@@ -85,12 +85,7 @@ def test_demo_runs_on_a_fresh_database_in_seconds(tmp_path: Path) -> None:
 def test_cleanup_every_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     quota.migrate(url)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from quota._cli import main; main()", "--url", url,
-         "cleanup", "--every", "1s"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    proc = _every(url)
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # the first sweep runs at once
@@ -130,6 +125,16 @@ def test_the_module_level_functions_use_the_configured_database(
         limiter = _default._sync
         if limiter is not None:
             limiter.close()
+
+
+def _every(url: str) -> subprocess.Popen[str]:
+    """``quota cleanup --every 1s`` on `url`, its stdout and stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "from quota._cli import main; main()", "--url", url,
+         "cleanup", "--every", "1s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
 
 
 def _every_until_exit(url: str, *, timeout: float) -> tuple[int | None, int | None, str]:
@@ -183,12 +188,7 @@ def test_cleanup_every_on_an_unmigrated_postgres_database_exits_3_at_once(
 
 def test_cleanup_every_keeps_going_through_an_outage() -> None:
     """An unreachable server may come back: report each failed run, keep the schedule."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from quota._cli import main; main()", "--url",
-         "postgresql://root@127.0.0.1:1/quota", "cleanup", "--every", "1s"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    proc = _every("postgresql://root@127.0.0.1:1/quota")
     assert proc.stderr is not None
     seen: list[str] = []
     try:
