@@ -452,14 +452,25 @@ def test_doctor_checks_the_eviction_policy_of_every_master(
 
 def _reshard(cluster: RedisCluster, source: int, target: int, slots: int) -> None:
     """``redis-cli --cluster reshard``: move `slots` slots (and their keys) from the master
-    on port `source` to the one on `target`, as an operator would."""
-    moved = subprocess.run(
-        [cluster.cli, "--cluster", "reshard", f"127.0.0.1:{source}",
-         "--cluster-from", cluster.node_id(source), "--cluster-to", cluster.node_id(target),
-         "--cluster-slots", str(slots), "--cluster-yes"],
-        stdin=subprocess.DEVNULL, capture_output=True, timeout=240, check=False,
-    )  # fmt: skip
-    assert moved.returncode == 0, moved.stdout.decode()[-2000:] + moved.stderr.decode()[-2000:]
+    on port `source` to the one on `target`, as an operator would.
+
+    redis-cli refuses, changing nothing, while the nodes do not yet agree on the slot map
+    (a reshard just before still spreading by gossip): it is asked again then, as an
+    operator would, for up to a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        moved = subprocess.run(
+            [cluster.cli, "--cluster", "reshard", f"127.0.0.1:{source}",
+             "--cluster-from", cluster.node_id(source), "--cluster-to", cluster.node_id(target),
+             "--cluster-slots", str(slots), "--cluster-yes"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=240, check=False,
+        )  # fmt: skip
+        out = moved.stdout.decode()[-2000:] + moved.stderr.decode()[-2000:]
+        if moved.returncode == 0 or "agree about configuration" not in out:
+            break
+        assert time.monotonic() < deadline, out
+        time.sleep(0.5)
+    assert moved.returncode == 0, out
 
 
 @pytest.mark.redis
