@@ -40,7 +40,7 @@ from quota._sql.policies import read_op
 from quota._wrappers.abuse import AbuseDetector, AlertCallback
 from quota._wrappers.fallback import Fallback, StoreDown
 from quota._wrappers.metrics import Metrics as QuotaMetrics
-from quota.http._capacity import Plans, ScaledRates, SystemPressure
+from quota.http._capacity import Plans, SystemPressure
 from quota.http._config import DEFAULT_POLICY, HttpConfig
 from quota.http._fields import SAFE_METHODS
 from quota.http._identity import (
@@ -388,10 +388,6 @@ class Guard:
         """
         identity, unchecked_from = self.callers.resolve(request, now, self.config)
         return self.planner.plan(self.config, route, identity, unchecked_from, pressure)
-
-    @property
-    def _scaled(self) -> ScaledRates:
-        return self.planner.scaled
 
     def _pressure_now(self) -> float:
         assert self._pressure is not None
@@ -839,9 +835,7 @@ __all__ = [
     "PASS",
     "Guard",
     "GuardOptions",
-    "Hit",
     "HttpMetrics",
-    "Plan",
     "Verdict",
     "build_guard",
     "own_limiter_settings",

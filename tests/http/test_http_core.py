@@ -30,7 +30,7 @@ from quota.http import (
     sign,
 )
 from quota.http._capacity import ScaledRates, scale_rate
-from quota.http._core import LOAD_POLICIES, PASS, Guard, Hit, drive_sync
+from quota.http._core import LOAD_POLICIES, PASS, Guard, drive_sync
 from quota.http._identity import (
     client_ip,
     credential,
@@ -40,6 +40,7 @@ from quota.http._identity import (
     parse_networks,
     verify_signature,
 )
+from quota.http._planning import Hit
 from quota.http._responses import PolicyShape, expose, rate_limit_headers
 from quota.http._routes import compile_paths
 from quota.http._runtime import RuntimePolicies

@@ -12,7 +12,8 @@ import pytest
 
 from quota._core.decision import Decision
 from quota.http import HttpConfig, RequestInfo, RoutePolicy
-from quota.http._core import Guard, Hit, Plan
+from quota.http._core import Guard
+from quota.http._planning import Hit, Plan
 
 NOW = 1_750_000_000.5
 SECRET = b"guard-test-secret-0123456789"

@@ -29,7 +29,8 @@ from quota.http import (
     Velocity,
     sign,
 )
-from quota.http._core import PASS, Guard, Hit, Verdict, drive_sync
+from quota.http._core import PASS, Guard, Verdict, drive_sync
+from quota.http._planning import Hit
 from quota.http._signals import MIN_TREND_SAMPLES, lane_header, velocity_le
 from tests._http_support import HttpClient, make_client
 from tests._support import Clock
@@ -639,12 +640,12 @@ def test_a_tier_multiplier_set_at_run_time_applies_from_the_next_request() -> No
     config = _config(tier_multipliers={"anon": 1, "auth": 5})
     guard = Guard(config, dialect="sqlite", clock=Tick())
     assert _auth_limit(guard) == 50
-    scaled = guard._scaled
+    scaled = guard.planner.scaled
 
     guard.set_tier_multiplier("auth", 2)
 
     assert _auth_limit(guard) == 20
-    assert guard._scaled is not scaled, "the scaled-rates cache starts afresh"
+    assert guard.planner.scaled is not scaled, "the scaled-rates cache starts afresh"
     assert guard.config.tier_multipliers["auth"] == 2.0
     assert config.tier_multipliers["auth"] == 5.0, "the config given (maybe shared) is untouched"
     guard.set_tier_multiplier("gold", 3.5)
