@@ -152,6 +152,20 @@ def display_key(stored: str) -> str:
 
 #: The longest key `hit_params` keeps as it is without encoding it (4 bytes a character at most).
 _MAX_PLAIN_KEY = MAX_RAW_KEY_BYTES // 4
+#: Plain keys seen lately and their stored form: a lookup costs less than checking a key again.
+_plain_keys: dict[str, str] = {}
+#: Entries `_plain_keys` holds at most (about a megabyte); then it starts afresh.
+_PLAIN_KEYS_KEPT = 10_000
+
+
+def _plain_key(key: object) -> str:
+    """`stored_key(key)`, remembered in `_plain_keys` when the key is kept as it is."""
+    if type(key) is str and key.isascii() and 0 < len(key) <= _MAX_PLAIN_KEY and "\x00" not in key:
+        if len(_plain_keys) >= _PLAIN_KEYS_KEPT:
+            _plain_keys.clear()
+        skey = _plain_keys[key] = "k:" + key
+        return skey
+    return stored_key(key)
 
 
 def hit_params(
@@ -166,18 +180,18 @@ def hit_params(
 
     This runs on every decision, so the common case is checked inline.
     """
-    if type(key) is str and 0 < len(key) <= _MAX_PLAIN_KEY and key.isascii() and "\x00" not in key:
-        skey = "k:" + key
-    else:
-        skey = stored_key(key)
-    if type(limit) is not int or not 0 < limit <= MAX_LIMIT:
+    try:
+        skey = _plain_keys[key]  # type: ignore[index]
+    except (KeyError, TypeError):  # not seen lately, or no str at all
+        skey = _plain_key(key)
+    if limit.__class__ is not int or not 0 < limit <= MAX_LIMIT:
         check_int("limit", limit, maximum=MAX_LIMIT)
-    if type(window) is not int or not 0 < window <= MAX_WINDOW:
+    if window.__class__ is not int or not 0 < window <= MAX_WINDOW:
         window = check_int("window", window, maximum=MAX_WINDOW)
     if now.__class__ is not float or not 0.0 <= now <= MAX_NOW:  # NaN fails the range test
         check_now(now)
-    second = int(now)
-    start = second - second % window
+    start = int(now)
+    start -= start % window
     return f"{window}:{start}:{skey}", skey, start, window, cost, now
 
 
@@ -225,6 +239,11 @@ class Decision:
 
 _new = object.__new__
 _set = object.__setattr__
+#: The fields of an allowed decision, copied per decision (`decide`).
+_allowed_fields = {
+    "allowed": True, "key": "", "limit": 0, "remaining": 0, "count": 0, "window": 0,
+    "reset_at": 0, "retry_after": 0, "retry_after_exact": 0.0,
+}.copy  # fmt: skip
 
 
 def _decision(
@@ -264,12 +283,17 @@ def decide(
     reset_at = window_start + window
     if count is not None and count <= limit:
         # `_decision` inline: an allowed hit is the common case of every request.
+        # Copying a template and setting the six fields that vary costs less than
+        # building a dict of nine.
+        fields = _allowed_fields()
+        fields["key"] = key
+        fields["limit"] = limit
+        fields["remaining"] = limit - count
+        fields["count"] = count
+        fields["window"] = window
+        fields["reset_at"] = reset_at
         decision = _new(Decision)
-        _set(decision, "__dict__", {
-            "allowed": True, "key": key, "limit": limit, "remaining": limit - count,
-            "count": count, "window": window, "reset_at": reset_at, "retry_after": 0,
-            "retry_after_exact": 0.0,
-        })  # fmt: skip
+        _set(decision, "__dict__", fields)
         return decision
     return _decision(
         False, key, limit, 0, limit if count is None else count, window, reset_at,

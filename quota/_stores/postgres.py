@@ -317,8 +317,12 @@ class _Pool:
         return conn
 
     def release(self, conn: asyncpg.Connection) -> None:
-        """Give back a connection whose last call ended cleanly (no transaction open)."""
-        if self._closed or conn.is_closed():
+        """Give back a connection whose last call ended cleanly (no transaction open).
+
+        One the server closed is not handed to a waiter; one left idle is found
+        out by `try_acquire` before it is lent again.
+        """
+        if self._closed or (self._waiters and conn.is_closed()):
             self.discard(conn)
         elif not (self._waiters and self._wake(conn)):
             self._idle.append((conn, time.monotonic()))
@@ -565,13 +569,15 @@ class AsyncPostgresStore(_PostgresServer):
         if sql is None:
             sql, params = self._bind(statement, params)
         pool = self._pool
-        conn = pool.try_acquire() if pool is not None else None  # the hot path: no awaits
-        if conn is None:  # the first call also finds out whether the table is partitioned
+        # The hot path lends an idle connection without awaiting; the first call
+        # also finds out whether the table is partitioned.
+        if pool is None or (conn := pool.try_acquire()) is None:
             pool, conn = await self._acquire()
-        assert pool is not None
         if self._partitioned:
             sql = _partitions.partitioned_sql(sql)
-        for _ in range(self._pool_size):
+        tries = self._pool_size
+        while tries:
+            tries -= 1
             try:
                 if not self._prepared_statements:
                     rows = await conn.fetch(sql, *params, timeout=self._budget)

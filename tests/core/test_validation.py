@@ -374,3 +374,27 @@ def test_a_schema_error_does_not_show_the_password(
 
     assert "quota migrate" in str(info.value)
     assert SECRET not in str(info.value)
+
+
+def test_the_remembered_plain_keys_give_the_stored_form_and_stay_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`hit_params` remembers plain keys' stored form; a key passed twice, a key that
+    needs a digest, a str subclass and a bad key come out as `stored_key` says, and the
+    memory starts afresh once it holds `_PLAIN_KEYS_KEPT` keys."""
+    from quota._core import decision
+
+    class Name(str):
+        pass
+
+    monkeypatch.setattr(decision, "_plain_keys", {})
+    monkeypatch.setattr(decision, "_PLAIN_KEYS_KEPT", 3)
+    for key in ["a", "a", "x" * 51, "é", "nul\x00", Name("a"), "b", "c", "d", "a"]:
+        params = decision.hit_params(key, 5, 60, 1000.0)
+        assert params[1] == decision.stored_key(key), repr(key)
+        assert params[0] == f"60:960:{decision.stored_key(key)}"
+        assert len(decision._plain_keys) <= 3
+    assert set(decision._plain_keys) <= {"a", "b", "c", "d"}
+    for bad in [["a"], None, ""]:
+        with pytest.raises(quota.ConfigurationError, match="key"):
+            decision.hit_params(bad, 5, 60, 1000.0)
