@@ -120,8 +120,6 @@ class RedisPlan:
         statements: dict[Statement, Callable[[Any], Plan]] = {
             _sql.HIT: self._hit,
             _sql.HIT_CAPPED: self._hit,  # its limit rides after HIT's parameters (`hit_args`)
-            _sql.PEEK: self._peek,
-            _sql.STATE_PEEK: self._state_peek,
             _sql.RESET_ALL: functools.partial(self._reset, kind="fw"),
             _sql.RESET_WINDOW: functools.partial(self._reset, kind="fw"),
             _sql.STATE_RESET_ALL: functools.partial(self._reset, kind="state"),
@@ -130,30 +128,18 @@ class RedisPlan:
             _sql.STATE_COUNT_EXPIRED: self._nothing_expired,
             _sql.DELETE_EXPIRED: self._nothing_deleted,
             _sql.STATE_DELETE_EXPIRED: self._nothing_deleted,
-            _sql.TOP: self._top,
             _sql.SCHEMA_VERSION: self._ping,
-            _sql.SLIDING_WINDOW: self._sliding,
-            _sql.TOKEN_BUCKET: self._bucket,
-            _sql.GCRA: self._gcra,
-            _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
-            _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
             BATCH_HIT_REDIS: self._hit_batch,
             _sql.UNDO_FIXED_WINDOW: self._undo_fixed,
             _sql.UNDO_SLIDING_WINDOW: functools.partial(self._undo, kind="sw"),
             _sql.UNDO_TOKEN_BUCKET: functools.partial(self._undo, kind="tb"),
             _sql.UNDO_GCRA: functools.partial(self._undo, kind="gcra"),
-            _sql.LEASE_ACQUIRE: self._lease_acquire,
-            _sql.LEASE_RENEW: self._lease_renew,
-            _sql.LEASE_RELEASE: self._lease_release,
-            _sql.LEASE_ABANDON: self._lease_abandon,
-            _sql.LEASE_HOLDERS: self._lease_holders,
-            _sql.LEASE_TOP: self._lease_top,
             # Each lease set carries a TTL past its last expiry: Redis drops dead ones itself.
             _sql.LEASE_COUNT_EXPIRED: self._nothing_expired,
             _sql.LEASE_DELETE_EXPIRED: self._nothing_deleted,
         }
         #: Statement name -> handler: every statement Redis keeps.
-        self._handlers = handlers(statements)
+        self._handlers = handlers(self, statements)
 
     @property
     def no_script(self) -> type[Exception]:
