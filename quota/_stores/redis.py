@@ -630,6 +630,15 @@ class _RedisStore:
     def _failed(self, exc: Exception) -> StorageError:
         return failed(self.url, exc)
 
+    def _planned(self, statement: Statement, params: Sequence[Any]) -> Plan:
+        """The plan of `statement` (`RedisPlan.plan`) as both faces drive it off the hot
+        path: a redis-py error made its `StorageError`, and a group commit's rows checked."""
+        try:
+            rows = yield from self.planner.plan(statement, params)
+        except self._errors as exc:
+            raise self._failed(exc) from exc
+        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
+
     def _batch_rows(self, rows: Rows) -> Rows:
         """The rows of a group commit, a hit's redis-py error made its `StorageError`."""
         return [(self._failed(row[0]),) if isinstance(row[0], Exception) else row for row in rows]
@@ -720,12 +729,7 @@ class RedisStore(_RedisStore):
                 pass  # the server lost the script: the plan loads it
             except self._errors as exc:
                 raise self._failed(exc) from exc
-        plan = planner.plan(statement, params)
-        try:
-            rows = drive(plan, self._send)
-        except self._errors as exc:
-            raise self._failed(exc) from exc
-        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
+        return drive(self._planned(statement, params), self._send)
 
     execute_strict = execute
 
@@ -770,12 +774,7 @@ class AsyncRedisStore(_RedisStore):
                 pass  # the server lost the script: the plan loads it
             except self._errors as exc:
                 raise self._failed(exc) from exc
-        plan = planner.plan(statement, params)
-        try:
-            rows = await adrive(plan, self._send)
-        except self._errors as exc:
-            raise self._failed(exc) from exc
-        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
+        return await adrive(self._planned(statement, params), self._send)
 
     execute_strict = execute
 
