@@ -37,6 +37,7 @@ from quota._core.rates import as_rates, most_restrictive
 from quota._core.url import StoreURL
 from quota._core.waiting import MAX_TIMEOUT, Deadline, check_timeout, jitter_spread, pause
 from quota._limiter import base as _base
+from quota._limiter import quota_types as _types
 from quota._limiter import quotas as _quotas
 from quota._limiter.base import (
     DEFAULT_BATCH_SIZE,
@@ -57,15 +58,6 @@ from quota._limiter.base import (
 )
 from quota._limiter.drive_async import arun
 from quota._limiter.leases import AsyncConcurrency
-from quota._limiter.quota_types import (
-    CheckDecision,
-    LedgerEntry,
-    QuotaDecision,
-    QuotaLimit,
-    QuotaUsage,
-    RateWindow,
-    RefundResult,
-)
 from quota._sql import hits as _hits
 from quota._sql import ops as _ops
 from quota._sql import statements as _sql
@@ -444,7 +436,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
     async def consume_quota(
         self, subject: str, name: str, limit: int, period: Duration, cost: int = 1,
         idempotency_key: str | None = None, tz: str | None = None,
-    ) -> QuotaDecision:  # fmt: skip
+    ) -> _types.QuotaDecision:  # fmt: skip
         """Charge `cost` units of `subject`'s quota `name`, allowing at most `limit` per `period`.
 
         `period` is ``"day"``, ``"week"`` (ISO, from Monday) or ``"month"``,
@@ -466,7 +458,9 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         )
         return await arun(self.store, make(), again=make)
 
-    async def refund_quota(self, subject: str, name: str, idempotency_key: str) -> RefundResult:
+    async def refund_quota(
+        self, subject: str, name: str, idempotency_key: str
+    ) -> _types.RefundResult:
         """Give back the charge `idempotency_key` holds (its work failed, say).
 
         Refunding an unknown key, or a key already refunded, does nothing and
@@ -477,17 +471,19 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
 
     async def grant_quota(
         self, subject: str, name: str, amount: int, period: Duration, tz: str | None = None
-    ) -> QuotaUsage:
+    ) -> _types.QuotaUsage:
         """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
         make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())
         return await arun(self.store, make(), again=make)
 
-    async def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[QuotaUsage]:
+    async def quota_usage(
+        self, subject: str, *, include_ended: bool = False
+    ) -> list[_types.QuotaUsage]:
         """`subject`'s quotas in the periods running now (every period with `include_ended`)."""
         op = _quotas.usage(subject, self._clock(), include_ended=include_ended)
         return await arun(self.store, op)
 
-    async def ledger(self, subject: str, since: float | None = None) -> list[LedgerEntry]:
+    async def ledger(self, subject: str, since: float | None = None) -> list[_types.LedgerEntry]:
         """`subject`'s ledger entries, oldest first; `since` (epoch seconds or an aware datetime) filters."""
         return await arun(self.store, _quotas.ledger(subject, since))
 
@@ -506,8 +502,11 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         return await self.store.run(op, transaction=False, maintenance=True)
 
     async def check(
-        self, *limits: RateWindow | QuotaLimit, cost: int = 1, idempotency_key: str | None = None
-    ) -> CheckDecision:
+        self,
+        *limits: _types.RateWindow | _types.QuotaLimit,
+        cost: int = 1,
+        idempotency_key: str | None = None,
+    ) -> _types.CheckDecision:
         """Charge `cost` to every limit, or to none: all or nothing, in one transaction.
 
         Each limit is a `quota.RateWindow` (the fixed window `rate_limit` counts

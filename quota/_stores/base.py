@@ -25,6 +25,7 @@ memory while the database is down; ``execute_strict`` never is: it raises
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
@@ -33,6 +34,7 @@ from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from quota._core.errors import ConfigurationError
 from quota._core.url import StoreURL
+from quota._sql import statements as _sql
 from quota._sql.statements import PG_TRY_LOCK, PG_UNLOCK, Statement
 from quota._sql.steps import Op, Rows
 
@@ -192,15 +194,45 @@ def unsupported(store: str, statement: object) -> ConfigurationError:
     )
 
 
+#: The statements the memory and Redis stores run alike, each by the store's method of
+#: that name (with these keywords). The two differ in the rest: resets, expiry, undo and
+#: the hot hit.
+_SHARED: tuple[tuple[Statement, str, dict[str, Any]], ...] = (
+    (_sql.PEEK, "_peek", {}),
+    (_sql.STATE_PEEK, "_state_peek", {}),
+    (_sql.TOP, "_top", {}),
+    (_sql.SLIDING_WINDOW, "_sliding", {}),
+    (_sql.TOKEN_BUCKET, "_bucket", {}),
+    (_sql.GCRA, "_gcra", {}),
+    (_sql.HIT_DB_CLOCK, "_fixed", {"capped": False}),
+    (_sql.HIT_DB_CLOCK_CAPPED, "_fixed", {"capped": True}),
+    (_sql.LEASE_ACQUIRE, "_lease_acquire", {}),
+    (_sql.LEASE_RENEW, "_lease_renew", {}),
+    (_sql.LEASE_RELEASE, "_lease_release", {}),
+    (_sql.LEASE_ABANDON, "_lease_abandon", {}),
+    (_sql.LEASE_HOLDERS, "_lease_holders", {}),
+    (_sql.LEASE_TOP, "_lease_top", {}),
+)
+
+
 def handlers(
-    table: Mapping[Statement, Callable[[Any], H]],
+    store: object, own: Mapping[Statement, Callable[[Any], H]]
 ) -> dict[str, Callable[[Sequence[Any]], H]]:
     """The handlers of a store without SQL by statement name, for dispatch on the name.
 
-    `table` maps each statement the store keeps to its handler. A handler takes
-    the statement's parameters: a tuple, or a mapping by name for a statement
-    with ``:name`` parameters (wrapped here to read them so).
+    The statements every such store runs alike (`_SHARED`) go to `store`'s methods
+    of the same names; `own` maps each other statement the store keeps to its
+    handler. A handler takes the statement's parameters: a tuple, or a mapping by
+    name for a statement with ``:name`` parameters (wrapped here to read them so).
     """
+    table: dict[Statement, Callable[[Any], H]] = {
+        statement: functools.partial(getattr(store, method), **keywords)
+        if keywords
+        else getattr(store, method)
+        for statement, method, keywords in _SHARED
+    }
+    assert not table.keys() & own.keys(), "a statement both stores run alike, given again"
+    table.update(own)
     by_name: dict[str, Callable[[Sequence[Any]], H]] = {}
     for statement, handler in table.items():
         assert statement.name not in by_name, f"two statements named {statement.name!r}"

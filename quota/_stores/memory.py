@@ -137,8 +137,6 @@ class MemoryStore:
         statements: dict[Statement, Callable[[Any], Rows]] = {
             _sql.HIT: self._hit,
             _sql.HIT_CAPPED: self._hit_capped,
-            _sql.PEEK: self._peek,
-            _sql.STATE_PEEK: self._state_peek,
             _sql.RESET_ALL: functools.partial(self._reset, state=False),
             _sql.RESET_WINDOW: functools.partial(self._reset, state=False),
             _sql.STATE_RESET_ALL: functools.partial(self._reset, state=True),
@@ -147,19 +145,7 @@ class MemoryStore:
             _sql.STATE_COUNT_EXPIRED: functools.partial(self._count_expired, state=True),
             _sql.DELETE_EXPIRED: functools.partial(self._delete_expired, state=False),
             _sql.STATE_DELETE_EXPIRED: functools.partial(self._delete_expired, state=True),
-            _sql.TOP: self._top,
             _sql.SCHEMA_VERSION: self._schema_version,
-            _sql.SLIDING_WINDOW: self._sliding,
-            _sql.TOKEN_BUCKET: self._bucket,
-            _sql.GCRA: self._gcra,
-            _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
-            _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
-            _sql.LEASE_ACQUIRE: self._lease_acquire,
-            _sql.LEASE_RENEW: self._lease_renew,
-            _sql.LEASE_RELEASE: self._lease_release,
-            _sql.LEASE_ABANDON: self._lease_abandon,
-            _sql.LEASE_HOLDERS: self._lease_holders,
-            _sql.LEASE_TOP: self._lease_top,
             _sql.LEASE_COUNT_EXPIRED: self._lease_count_expired,
             _sql.LEASE_DELETE_EXPIRED: self._lease_delete_expired,
         }
@@ -167,7 +153,7 @@ class MemoryStore:
             statements[statement] = functools.partial(self._undo, state, give_back)
         self._leases = table.leases
         #: Statement name -> handler: every statement this store keeps.
-        self._handlers = handlers(statements)
+        self._handlers = handlers(self, statements)
 
     def __len__(self) -> int:
         """Rows held: counters and algorithm state."""

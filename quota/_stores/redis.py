@@ -120,8 +120,6 @@ class RedisPlan:
         statements: dict[Statement, Callable[[Any], Plan]] = {
             _sql.HIT: self._hit,
             _sql.HIT_CAPPED: self._hit,  # its limit rides after HIT's parameters (`hit_args`)
-            _sql.PEEK: self._peek,
-            _sql.STATE_PEEK: self._state_peek,
             _sql.RESET_ALL: functools.partial(self._reset, kind="fw"),
             _sql.RESET_WINDOW: functools.partial(self._reset, kind="fw"),
             _sql.STATE_RESET_ALL: functools.partial(self._reset, kind="state"),
@@ -130,30 +128,18 @@ class RedisPlan:
             _sql.STATE_COUNT_EXPIRED: self._nothing_expired,
             _sql.DELETE_EXPIRED: self._nothing_deleted,
             _sql.STATE_DELETE_EXPIRED: self._nothing_deleted,
-            _sql.TOP: self._top,
             _sql.SCHEMA_VERSION: self._ping,
-            _sql.SLIDING_WINDOW: self._sliding,
-            _sql.TOKEN_BUCKET: self._bucket,
-            _sql.GCRA: self._gcra,
-            _sql.HIT_DB_CLOCK: functools.partial(self._fixed, capped=False),
-            _sql.HIT_DB_CLOCK_CAPPED: functools.partial(self._fixed, capped=True),
             BATCH_HIT_REDIS: self._hit_batch,
             _sql.UNDO_FIXED_WINDOW: self._undo_fixed,
             _sql.UNDO_SLIDING_WINDOW: functools.partial(self._undo, kind="sw"),
             _sql.UNDO_TOKEN_BUCKET: functools.partial(self._undo, kind="tb"),
             _sql.UNDO_GCRA: functools.partial(self._undo, kind="gcra"),
-            _sql.LEASE_ACQUIRE: self._lease_acquire,
-            _sql.LEASE_RENEW: self._lease_renew,
-            _sql.LEASE_RELEASE: self._lease_release,
-            _sql.LEASE_ABANDON: self._lease_abandon,
-            _sql.LEASE_HOLDERS: self._lease_holders,
-            _sql.LEASE_TOP: self._lease_top,
             # Each lease set carries a TTL past its last expiry: Redis drops dead ones itself.
             _sql.LEASE_COUNT_EXPIRED: self._nothing_expired,
             _sql.LEASE_DELETE_EXPIRED: self._nothing_deleted,
         }
         #: Statement name -> handler: every statement Redis keeps.
-        self._handlers = handlers(statements)
+        self._handlers = handlers(self, statements)
 
     @property
     def no_script(self) -> type[Exception]:
@@ -644,6 +630,15 @@ class _RedisStore:
     def _failed(self, exc: Exception) -> StorageError:
         return failed(self.url, exc)
 
+    def _planned(self, statement: Statement, params: Sequence[Any]) -> Plan:
+        """The plan of `statement` (`RedisPlan.plan`) as both faces drive it off the hot
+        path: a redis-py error made its `StorageError`, and a group commit's rows checked."""
+        try:
+            rows = yield from self.planner.plan(statement, params)
+        except self._errors as exc:
+            raise self._failed(exc) from exc
+        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
+
     def _batch_rows(self, rows: Rows) -> Rows:
         """The rows of a group commit, a hit's redis-py error made its `StorageError`."""
         return [(self._failed(row[0]),) if isinstance(row[0], Exception) else row for row in rows]
@@ -734,12 +729,7 @@ class RedisStore(_RedisStore):
                 pass  # the server lost the script: the plan loads it
             except self._errors as exc:
                 raise self._failed(exc) from exc
-        plan = planner.plan(statement, params)
-        try:
-            rows = drive(plan, self._send)
-        except self._errors as exc:
-            raise self._failed(exc) from exc
-        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
+        return drive(self._planned(statement, params), self._send)
 
     execute_strict = execute
 
@@ -784,12 +774,7 @@ class AsyncRedisStore(_RedisStore):
                 pass  # the server lost the script: the plan loads it
             except self._errors as exc:
                 raise self._failed(exc) from exc
-        plan = planner.plan(statement, params)
-        try:
-            rows = await adrive(plan, self._send)
-        except self._errors as exc:
-            raise self._failed(exc) from exc
-        return self._batch_rows(rows) if statement is BATCH_HIT_REDIS else rows
+        return await adrive(self._planned(statement, params), self._send)
 
     execute_strict = execute
 
