@@ -357,8 +357,9 @@ def test_cleanup_keeps_its_lock_past_idle_in_transaction_session_timeout(
             (rows,),
         )
         conn.execute("ANALYZE quota_counters")
-    # Batches of 25 rows: thousands of statements, a sweep of many seconds.
-    first = _cleanup_cli(url, "--batch-size", "25")
+    # Batches of 5 rows: 60,000 statements, a sweep of many seconds even on a fast
+    # machine (batches of 25 have swept three quarters of the rows in the 2.5 s watched).
+    first = _cleanup_cli(url, "--batch-size", "5")
     try:
         with psycopg.connect(url, autocommit=True) as watch:
             deadline = time.monotonic() + 60
