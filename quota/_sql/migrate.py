@@ -48,16 +48,25 @@ def _config(output: TextIO | None = None) -> Config:
     return cfg
 
 
-def _truthy(value: object) -> bool:
-    return parse_flag(str(value)) is True
-
-
 def option(context: Any, name: str) -> bool:
-    """A boolean migration option: ``config.attributes[name]`` or ``-x name=…``."""
+    """A boolean migration option: ``config.attributes[name]`` or ``-x name=…`` (default False).
+
+    Raises `ConfigurationError` naming the option for a value that is no
+    true/false word (``-x counters_logged=ture`` would otherwise migrate as if
+    it were false).
+    """
     value = context.config.attributes.get(name)
     if value is None:
         value = context.get_x_argument(as_dictionary=True).get(name)
-    return _truthy(value) if value is not None else False
+    if value is None:
+        return False
+    flag = value if isinstance(value, bool) else parse_flag(str(value))
+    if flag is None:
+        raise ConfigurationError(
+            f"migration option {name} must be true or false (1, yes, on / 0, no, off),"
+            f" got {value!r}"
+        )
+    return flag
 
 
 def run_env(context: EnvironmentContext) -> None:

@@ -632,3 +632,20 @@ def test_migrate_creates_the_file_but_not_its_directory(tmp_path: Path) -> None:
     path.parent.mkdir(parents=True)
     quota.migrate(url)
     assert quota.connect(url).rate_limit("k", 1, 60).allowed
+
+
+@pytest.mark.parametrize("value", ["ture", "2", "", "maybe"])
+def test_a_migration_option_that_is_no_true_or_false_word_is_refused(value: str) -> None:
+    """``alembic -x counters_logged=ture`` stops with the option named instead of
+    migrating as if it were false; true and false words in any case are taken."""
+    from alembic.config import main as alembic_main
+
+    ini = str(Path(__file__).resolve().parents[2] / "alembic.ini")
+    argv = ["-c", ini, "-x", f"counters_logged={value}", "upgrade", "head", "--sql"]
+    with pytest.raises(quota.ConfigurationError, match=f"counters_logged .*got '{value}'"):
+        alembic_main(argv=argv)
+    with pytest.raises(quota.ConfigurationError, match="counters_partitioned"):
+        quota.migrate(OFFLINE_PG_URL, sql=True, counters_partitioned=value, output=io.StringIO())  # type: ignore[arg-type]
+    output = io.StringIO()
+    quota.migrate(OFFLINE_PG_URL, sql=True, counters_logged="YES", output=output)  # type: ignore[arg-type]
+    assert "UNLOGGED" not in output.getvalue()
