@@ -372,16 +372,16 @@ class AsyncBatchingStore:
     async def _flush(self, batch: list[tuple[Hit, asyncio.Future[Rows]]]) -> None:
         # Runs in a task of its own: a cancelled caller cannot cancel the
         # statement that carries the others' hits.
-        hits = [hit for hit, _ in batch]
         try:
-            if len(hits) == 1:
-                results: list[Rows | Exception] = [await self.store.execute(_sql.HIT, hits[0])]
-            else:
-                rows = await self.store.execute(*batch_statement(self.dialect, hits))
-                counts = batch_counts(self.dialect, hits, rows)
-                results = [
-                    count if isinstance(count, Exception) else [(count,)] for count in counts
-                ]
+            if len(batch) == 1:
+                hit, waiter = batch[0]
+                rows = await self.store.execute(_sql.HIT, hit)
+                if not waiter.done():
+                    waiter.set_result(rows)
+                return
+            hits = [hit for hit, _ in batch]
+            rows = await self.store.execute(*batch_statement(self.dialect, hits))
+            counts = batch_counts(self.dialect, hits, rows)
         except BaseException as exc:
             for _, waiter in batch:
                 if not waiter.done():
@@ -392,13 +392,15 @@ class AsyncBatchingStore:
             if not isinstance(exc, Exception):
                 raise
         else:
-            for (_, waiter), result in zip(batch, results, strict=True):
-                if waiter.done():
-                    continue
-                if isinstance(result, Exception):  # this hit's own error (`batch_counts`)
-                    waiter.set_exception(result)
-                else:
-                    waiter.set_result(result)  # as HIT returns
+            # One pass: each waiter still waiting gets its own count, as HIT returns it.
+            for (_, waiter), count in zip(batch, counts, strict=True):
+                if not waiter.done():
+                    if count.__class__ is int:
+                        waiter.set_result([(count,)])
+                    elif isinstance(count, Exception):  # this hit's own error (`batch_counts`)
+                        waiter.set_exception(count)
+                    else:
+                        waiter.set_result([(count,)])
         finally:
             self._done(contended=len(batch) > 1, lone=False)
 
