@@ -446,9 +446,7 @@ class AsyncBatchingStore:
             # One pass: each waiter still waiting gets its own count, as HIT returns it.
             for (_, waiter), count in zip(batch, counts, strict=True):
                 if not waiter.done():
-                    if count.__class__ is int:
-                        waiter.set_result([(count,)])
-                    elif isinstance(count, Exception):  # this hit's own error (`batch_counts`)
+                    if isinstance(count, Exception):  # this hit's own error (`batch_counts`)
                         waiter.set_exception(count)
                     else:
                         waiter.set_result([(count,)])

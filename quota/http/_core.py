@@ -500,7 +500,7 @@ class Guard:
         self, plan: Plan, shapes: tuple[PolicyShape, ...], decision: Decision, now: float,
         buckets: list[tuple[Hit, Decision]] | None, at: int,
     ) -> Headers | None:  # fmt: skip
-        """`_headers` in one pass for the common case: ``both`` styles, no ``pk``, allowed.
+        """`_headers` in one pass for the common case: the ``both`` style, no ``pk``, allowed.
 
         The same headers, in the same order, as `rate_limit_headers` and
         `_add_shared` build; the ``RateLimit-Policy`` value of a plan is
