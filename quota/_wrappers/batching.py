@@ -349,39 +349,90 @@ class AsyncBatchingStore:
     def _next(self) -> None:
         """Send the queue on the slot just freed (and on any other free one), or free the slot."""
         self._next_scheduled = False
+        batch = self._take()
+        if not batch:
+            self._in_flight -= 1
+            return
+        self._spawn(batch)
+        self._fill()
+
+    def _take(self) -> list[tuple[Hit, asyncio.Future[Rows]]]:
+        """The next batch of a slot counted in `_in_flight`: its share of the queue."""
         queue = self._queue
-        while True:
-            batch: list[tuple[Hit, asyncio.Future[Rows]]] = []
-            # This slot and the ones still free share the queue evenly.
-            free = self.slots - self._in_flight + 1
-            size = min(self.max_batch, -(-len(queue) // free))
-            while queue and len(batch) < size:
-                entry = queue.popleft()
-                if not entry[1].done():  # a caller cancelled while waiting: never sent
-                    batch.append(entry)
+        batch: list[tuple[Hit, asyncio.Future[Rows]]] = []
+        # This slot and the ones still free share the queue evenly.
+        free = self.slots - self._in_flight + 1
+        size = min(self.max_batch, -(-len(queue) // free))
+        while queue and len(batch) < size:
+            entry = queue.popleft()
+            if not entry[1].done():  # a caller cancelled while waiting: never sent
+                batch.append(entry)
+        return batch
+
+    def _fill(self) -> None:
+        """Send the rest of the queue on the slots still free, a batch each."""
+        while self._queue and self._in_flight < self.slots:
+            self._in_flight += 1
+            batch = self._take()
             if not batch:
                 self._in_flight -= 1
                 return
-            task = asyncio.get_running_loop().create_task(self._flush(batch))
-            self._flushes.add(task)
-            task.add_done_callback(self._flushes.discard)
-            if not queue or self._in_flight >= self.slots:
-                return
-            self._in_flight += 1
+            self._spawn(batch)
+
+    def _spawn(self, batch: list[tuple[Hit, asyncio.Future[Rows]]]) -> None:
+        task = asyncio.get_running_loop().create_task(self._flush(batch))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
     async def _flush(self, batch: list[tuple[Hit, asyncio.Future[Rows]]]) -> None:
-        # Runs in a task of its own: a cancelled caller cannot cancel the
-        # statement that carries the others' hits.
-        hits = [hit for hit, _ in batch]
+        """Send `batch`, then the next batches of its slot while the slot stays busy.
+
+        Runs in a task of its own: a cancelled caller cannot cancel the
+        statement that carries the others' hits. The task keeps its slot
+        from one batch to the next (what `_done` and `_next` would do, without
+        a task a batch).
+        """
+        while True:
+            try:
+                await self._send(batch)
+            except BaseException:
+                self._done(contended=len(batch) > 1, lone=False)
+                raise
+            contended = len(batch) > 1
+            if not contended and not self._queue:
+                self._in_flight -= 1  # the slot goes free
+                return
+            if self._inline is not None and contended:
+                self._mark_turn(False)
+            # Let the callers just woken come back first, so they ride the next
+            # batch instead of each starting a statement of their own (meanwhile
+            # no caller starts a free slot: this one shares the queue with it).
+            self._next_scheduled = True
+            try:
+                await asyncio.sleep(0)
+            except BaseException:
+                self._schedule_next()  # the slot goes on without this task
+                raise
+            self._next_scheduled = False
+            batch = self._take()
+            if not batch:
+                self._in_flight -= 1
+                return
+            self._fill()
+
+    async def _send(self, batch: list[tuple[Hit, asyncio.Future[Rows]]]) -> None:
+        """One statement for `batch`; each waiter gets its rows or the error (never raised here,
+        but for a cancellation or another `BaseException`, after the waiters are told)."""
         try:
-            if len(hits) == 1:
-                results: list[Rows | Exception] = [await self.store.execute(_sql.HIT, hits[0])]
-            else:
-                rows = await self.store.execute(*batch_statement(self.dialect, hits))
-                counts = batch_counts(self.dialect, hits, rows)
-                results = [
-                    count if isinstance(count, Exception) else [(count,)] for count in counts
-                ]
+            if len(batch) == 1:
+                hit, waiter = batch[0]
+                rows = await self.store.execute(_sql.HIT, hit)
+                if not waiter.done():
+                    waiter.set_result(rows)
+                return
+            hits = [hit for hit, _ in batch]
+            rows = await self.store.execute(*batch_statement(self.dialect, hits))
+            counts = batch_counts(self.dialect, hits, rows)
         except BaseException as exc:
             for _, waiter in batch:
                 if not waiter.done():
@@ -392,15 +443,13 @@ class AsyncBatchingStore:
             if not isinstance(exc, Exception):
                 raise
         else:
-            for (_, waiter), result in zip(batch, results, strict=True):
-                if waiter.done():
-                    continue
-                if isinstance(result, Exception):  # this hit's own error (`batch_counts`)
-                    waiter.set_exception(result)
-                else:
-                    waiter.set_result(result)  # as HIT returns
-        finally:
-            self._done(contended=len(batch) > 1, lone=False)
+            # One pass: each waiter still waiting gets its own count, as HIT returns it.
+            for (_, waiter), count in zip(batch, counts, strict=True):
+                if not waiter.done():
+                    if isinstance(count, Exception):  # this hit's own error (`batch_counts`)
+                        waiter.set_exception(count)
+                    else:
+                        waiter.set_result([(count,)])
 
     async def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
         return await self.store.execute_strict(statement, params)

@@ -156,11 +156,17 @@ class Limiters:
         self.effects: dict[int, tuple[Any, Any, Any]] = {}
         #: The route classes served, recorded in the database with the runtime policies' read.
         self.routes: tuple[str, ...] = ()
+        # The last loop served (weakly, as `_owned` holds it) and its limiter: a server
+        # runs one loop, so a request finds its limiter without a lookup in `_owned`.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], AsyncLimiter] | None = None
 
     def get(self) -> AsyncLimiter | Limiter:
         if self.given is not None:
             return self.given
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1]
         limiter = self._owned.get(loop)
         if limiter is None:
             # Group commit: the hits of concurrent requests share one statement
@@ -168,6 +174,7 @@ class Limiters:
             limiter = self._owned[loop] = connect_async(
                 self.url, **own_limiter_settings(self.dialect)
             )
+        self._last = (weakref.ref(loop), limiter)
         return limiter
 
     def clock(self) -> Callable[[], float] | None:
@@ -212,6 +219,8 @@ class Limiters:
     async def aclose(self) -> None:
         """Close the limiters opened here (never the one given)."""
         loop = asyncio.get_running_loop()
+        if self._last is not None and self._last[0]() is loop:
+            self._last = None
         limiter = self._owned.pop(loop, None)
         if limiter is not None:
             await limiter.aclose()

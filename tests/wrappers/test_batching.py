@@ -356,6 +356,37 @@ def test_a_returning_batch_splits_the_queue_over_the_free_slots() -> None:
     _scripted(test, slots=2)
 
 
+def test_a_batch_task_cancelled_between_batches_hands_its_slot_on() -> None:
+    async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
+        batcher = limiter.store
+        assert isinstance(batcher, AsyncBatchingStore)
+        first = asyncio.ensure_future(limiter.rate_limit("a", 100, 60))
+        await _settle()
+        pair = [asyncio.ensure_future(limiter.rate_limit(k, 100, 60)) for k in ("b", "c")]
+        await _settle()
+        store.release()  # the lone call returns; b and c go out together, in a task
+        await first
+        await _settle()
+        assert [len(batch) for batch in store.batches()] == [1, 2]
+        later = asyncio.ensure_future(limiter.rate_limit("d", 100, 60))
+        await _settle()
+        store.release()  # the batch returns: its task waits a turn before sending the queue
+        for _ in range(20):
+            await asyncio.sleep(0)
+            if batcher._next_scheduled:
+                break
+        (task,) = batcher._flushes
+        task.cancel()  # while it waits (the loop shutting down, say)
+        assert [d.count for d in await asyncio.gather(*pair)] == [1, 1]
+        await _settle()
+        # The slot went on without the task: the queue was sent all the same.
+        assert [len(batch) for batch in store.batches()] == [1, 2, 1]
+        store.release()
+        assert (await asyncio.wait_for(later, 5)).count == 1
+
+    _scripted(test)
+
+
 def test_only_the_counting_fixed_window_statement_is_batched() -> None:
     async def test(store: ScriptedStore, limiter: quota.AsyncLimiter) -> None:
         batcher = limiter.store
