@@ -488,13 +488,17 @@ class Guard:
         if buckets is not None:
             self._add_shared(headers, buckets, shapes, at, now)
         if config.headers in LANE_STYLES:
-            tier = plan.identity.tier
-            lane = self._lanes.get(tier)
-            if lane is None:
-                lane = self._lanes[tier] = lane_header(tier, self._lanes)
-            if lane:
-                headers.insert(3, lane)  # after X-RateLimit-Limit, -Remaining, -Reset
+            self._add_lane(headers, plan.identity.tier)
         return headers
+
+    def _add_lane(self, headers: Headers, tier: str) -> None:
+        """``X-RateLimit-Lane`` after X-RateLimit-Limit, -Remaining and -Reset, for a
+        tier that is an HTTP token (each tier's header looked up once)."""
+        lane = self._lanes.get(tier)
+        if lane is None:
+            lane = self._lanes[tier] = lane_header(tier, self._lanes)
+        if lane:
+            headers.insert(3, lane)
 
     def _allowed_headers(
         self, plan: Plan, shapes: tuple[PolicyShape, ...], decision: Decision, now: float,
@@ -538,12 +542,7 @@ class Guard:
             for other, seen in buckets:
                 if other.scope == "tenant":
                     headers.append(("X-RateLimit-Tenant-Remaining", str(seen.remaining)))
-        tier = plan.identity.tier
-        lane = self._lanes.get(tier)
-        if lane is None:
-            lane = self._lanes[tier] = lane_header(tier, self._lanes)
-        if lane:
-            headers.insert(3, lane)  # after X-RateLimit-Limit, -Remaining, -Reset
+        self._add_lane(headers, plan.identity.tier)
         return headers
 
     def _add_shared(
