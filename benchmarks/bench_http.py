@@ -98,6 +98,8 @@ def free_port() -> int:
 
 #: ``--pin``: the server runs on CPU 0 and the load generator on CPU 1.
 PIN: dict[str, list[str]] = {"server": [], "load": []}
+#: uvicorn's event loop (``--loop``): asyncio, its default, or uvloop.
+LOOP = ["--loop", "asyncio"]
 
 
 def start_server(
@@ -106,7 +108,7 @@ def start_server(
     """uvicorn serving `app` on `port`; waits (at most `timeout` s) until it answers."""
     proc = subprocess.Popen(
         [*PIN["server"], sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port),
-         "--workers", "1", "--log-level", "warning", "--no-access-log"],
+         "--workers", "1", "--log-level", "warning", "--no-access-log", *LOOP],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     deadline = time.monotonic() + timeout
@@ -260,8 +262,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "--no-database", action="store_true",
         help="add a row: quota's middleware with a stand-in limiter that answers without a store",
     )  # fmt: skip
+    parser.add_argument(
+        "--loop", choices=["asyncio", "uvloop"], default="asyncio",
+        help="uvicorn's event loop (uvloop: pip install uvloop, or uvicorn[standard])",
+    )  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE as JSON")
     args = parser.parse_args(argv)
+    LOOP[1] = args.loop
     if not 1 <= args.runs <= 50 or not 0 < args.duration <= 60 or not 1 <= args.connections <= 256:
         parser.error("runs must be 1..50, duration 0..60 s, connections 1..256")
     if args.keys < 1:
@@ -372,6 +379,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "postgresql": _safe(args.url) if args.url else None,
         "loadgen": loadgen,
         "pinned": args.pin,
+        "loop": args.loop,
         "connections": args.connections,
         "keys": args.keys,
         "runs": args.runs,
@@ -379,7 +387,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "cpus": os.cpu_count(),
         # 1-minute load average before and after: how busy the machine was (this included).
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "versions": {p: _version(p) for p in ("uvicorn", "fastapi", "starlette", "slowapi")},
+        "versions": {
+            p: _version(p) for p in ("uvicorn", "fastapi", "starlette", "slowapi", args.loop)
+        },
         "setups": rows,
     }
     if args.json:
@@ -406,7 +416,7 @@ def _table(report: dict[str, object], rows: list[dict[str, object]]) -> str:
     lines = [
         f"{report['loadgen']}, {report['connections']} connections, {report['keys']} keys,"
         f" {report['runs']} runs of {report['duration_s']:g}s, {report['cpus']} CPUs"
-        f"{', pinned' if report['pinned'] else ''}, load average"
+        f"{', pinned' if report['pinned'] else ''}, {report.get('loop', 'asyncio')} loop, load average"
         f" {report['load_average'][0]} -> {report['load_average'][1]}; {versions}",  # type: ignore[index]
         "",
         f"{'setup':<36} {'req/s':>7} {'x bare':>7} {'p50 ms':>7} {'p99 ms':>7} {'CPU us/req':>11}",
