@@ -24,7 +24,6 @@ ERROR log line naming the command, at most once per `ERROR_LOG_SECONDS`.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import threading
 import time
@@ -32,7 +31,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, cast
 
-from quota._core.algorithms import FIXED_WINDOW, Rate
+from quota._core.algorithms import Rate
 from quota._core.decision import Decision
 from quota._core.errors import ConfigurationError, SchemaError
 from quota._core.factors import check_factors
@@ -475,10 +474,6 @@ class Guard:
     ) -> Headers:  # fmt: skip
         """The rate-limit headers of the deciding bucket (`at`), the others folded in."""
         config = self.config
-        if config.headers == "both" and not blocked and not config.partition_key:
-            fast = self._allowed_headers(plan, shapes, decision, now, buckets, at)
-            if fast is not None:
-                return fast
         deciding = plan.hit if at == 0 else plan.extra[at - 1]
         headers = rate_limit_headers(
             decision, shapes[at], now, config.headers,
@@ -499,51 +494,6 @@ class Guard:
             lane = self._lanes[tier] = lane_header(tier, self._lanes)
         if lane:
             headers.insert(3, lane)
-
-    def _allowed_headers(
-        self, plan: Plan, shapes: tuple[PolicyShape, ...], decision: Decision, now: float,
-        buckets: list[tuple[Hit, Decision]] | None, at: int,
-    ) -> Headers | None:  # fmt: skip
-        """`_headers` in one pass for the common case: the ``both`` style, no ``pk``, allowed.
-
-        The same headers, in the same order, as `rate_limit_headers` and
-        `_add_shared` build; the ``RateLimit-Policy`` value of a plan is
-        joined once and kept on it. None (the general path builds them) when
-        a bucket is not a fixed window or refused.
-        """
-        items = []
-        for i, seen in enumerate([decision] if buckets is None else [d for _, d in buckets]):
-            if not seen.allowed:
-                return None
-            rate = shapes[i].current(seen.window)
-            if rate.algorithm != FIXED_WINDOW:
-                return None
-            # `_reset` of an allowed fixed window: the window's end.
-            items.append((rate.name, seen.remaining, max(0, math.ceil(seen.reset_at - now - 1e-9))))
-        if buckets is not None and at:  # the deciding bucket's item first
-            items.insert(0, items.pop(at))
-        policies = plan.policies
-        if policies is None:
-            policies = plan.policies = {}
-        policy = policies.get((at, len(items)))
-        if policy is None:
-            order = [at, *(i for i in range(len(items)) if i != at)]
-            policy = policies[(at, len(items))] = ", ".join(shapes[i].policy for i in order)
-        end = decision.reset_at
-        headers: Headers = [
-            ("X-RateLimit-Limit", str(decision.limit)),
-            ("X-RateLimit-Remaining", str(decision.remaining)),
-            ("X-RateLimit-Reset", str(math.ceil(float(end) - 1e-9))),
-            ("RateLimit-Policy", policy),
-            ("RateLimit", ", ".join([f"{name};r={left};t={t}" for name, left, t in items])),
-        ]
-        if buckets is not None:
-            headers.append(("X-RateLimit-Scope", buckets[at][0].scope))
-            for other, seen in buckets:
-                if other.scope == "tenant":
-                    headers.append(("X-RateLimit-Tenant-Remaining", str(seen.remaining)))
-        self._add_lane(headers, plan.identity.tier)
-        return headers
 
     def _add_shared(
         self, headers: Headers, buckets: list[tuple[Hit, Decision]],

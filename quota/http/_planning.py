@@ -54,8 +54,6 @@ class Plan:
     and the per-IP ceiling of unvalidated tokens."""
     shapes: tuple[PolicyShape, ...] | None = None
     """How the headers describe each bucket (`hit`'s, then `extra`'s), made on first use."""
-    policies: dict[tuple[int, int], str] | None = None
-    """The ``RateLimit-Policy`` value by deciding bucket and buckets counted, joined on first use."""
 
 
 class Planner:
