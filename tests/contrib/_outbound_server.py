@@ -49,6 +49,7 @@ class Rejection:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse their connections
+    disable_nagle_algorithm = True  # the head and the body go out at once: no 40 ms stalls
     timeout = 30  # an idle keep-alive connection's thread ends after this
     server: _Server
 
