@@ -385,7 +385,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
                 _sql.PAUSE_SET, (_algorithms.pause_key(skey), skey, now, seconds, now + seconds)
             )
         )[0]
-        return max(0.0, row[0] - (row[1] if len(row) > 1 else now))
+        return max(0.0, float(row[0]) - (float(row[1]) if len(row) > 1 else now))
 
     async def paused(self, key: str) -> float:
         """Seconds `key` stays paused (see `pause`), 0.0 when it is not: one read of the store."""
