@@ -132,6 +132,12 @@ class Face:
     def reset(self, key: Any, window: Any = None) -> int:
         return self._run(self.limiter.reset(key, window))  # type: ignore[no-any-return]
 
+    def pause(self, key: Any, seconds: Any) -> float:
+        return self._run(self.limiter.pause(key, seconds))  # type: ignore[no-any-return]
+
+    def paused(self, key: Any) -> float:
+        return self._run(self.limiter.paused(key))  # type: ignore[no-any-return]
+
     def cleanup(self, **kwargs: Any) -> quota.CleanupResult:
         return self._run(self.limiter.cleanup(**kwargs))  # type: ignore[no-any-return]
 

@@ -340,6 +340,11 @@ def state_key(algorithm: str, window: int, stored_key: str) -> str:
     return f"{PREFIX[algorithm]}:{window}:{stored_key}"
 
 
+def pause_key(stored_key: str) -> str:
+    """Primary key of a key's pause in ``quota_state`` (`quota._sql.statements.PAUSE_SET`)."""
+    return f"pause:0:{stored_key}"
+
+
 #: State rows expire on the hour (see `expiry`).
 EXPIRY_GRANULARITY = 3600
 

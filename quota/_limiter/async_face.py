@@ -364,6 +364,37 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             window = check_seconds("window", window, maximum=MAX_WINDOW)
         return await self.store.run(_ops.reset(stored_key(key), window), transaction=False)
 
+    async def pause(self, key: str, seconds: float) -> float:
+        """Hold `key` back for `seconds` from now, for every process using this store.
+
+        `paused` tells anyone when a key is held back; the outbound transports of
+        ``quota.contrib`` (httpx, requests, aiohttp) wait out their key's pause
+        before sending, so one provider's ``Retry-After`` stops every process.
+        A pause only grows: while a longer one runs, a shorter one changes
+        nothing. Returns the seconds the key now stays paused. The pause is
+        rate state: ``reset(key)`` lifts it, cleanup sweeps it once it has
+        ended; with a fallback, while the store is down, it is kept in this
+        process's memory. `seconds` is a number in ``0..86400``
+        (`ConfigurationError` naming it otherwise).
+        """
+        seconds = check_timeout(seconds, "seconds")
+        now = self._clock()
+        skey = stored_key(key)
+        row = (
+            await self.store.execute(
+                _sql.PAUSE_SET, (_algorithms.pause_key(skey), skey, now, seconds, now + seconds)
+            )
+        )[0]
+        return max(0.0, float(row[0]) - (float(row[1]) if len(row) > 1 else now))
+
+    async def paused(self, key: str) -> float:
+        """Seconds `key` stays paused (see `pause`), 0.0 when it is not: one read of the store."""
+        skey = stored_key(key)
+        rows = await self.store.execute(
+            _sql.PAUSE_LEFT, (_algorithms.pause_key(skey), self._clock())
+        )
+        return float(rows[0][0]) if rows else 0.0
+
     async def top(self, n: int = 10) -> list[Usage]:
         """The `n` busiest keys in windows still running, busiest first."""
         return await self.store.run(_ops.top(self._clock(), n), transaction=False)

@@ -535,6 +535,32 @@ STATE_COUNT_EXPIRED = Statement(
 )
 
 
+# -- pauses: a key held back until a moment, in quota_state --------------------------------
+#
+# A provider answering 429 with Retry-After pauses a key for every process at once
+# (`quota.contrib` outbound transports). A pause is rate state, as ephemeral as a window:
+# one quota_state row per key (bucket key ``pause:0:<stored key>``, window_seconds 0),
+# its value the moment it ends, swept by cleanup once that has passed. A pause only
+# grows: a shorter one set while a longer one runs leaves the longer.
+
+#: Pause until now + `horizon` seconds (`expires` on the app clock); returns the moment
+#: the pause ends (and the time used, with the database clock).
+PAUSE_SET = Statement(
+    "pause_set",
+    _STATE_COLUMNS + " VALUES (:bucket_key, :client_key, 0, :expires, 0.0, :now, 0, :expires)"
+    " ON CONFLICT (bucket_key) DO UPDATE SET"
+    " value = GREATEST(quota_state.value, excluded.value), stamp = excluded.stamp,"
+    " expires_at = GREATEST(quota_state.expires_at, excluded.expires_at)"
+    " RETURNING value" + RETURN_NOW,
+    ("bucket_key", "client_key", "now", "horizon", "expires"),
+)
+#: Seconds the key's pause has left: a row while it runs, none otherwise.
+PAUSE_LEFT = Statement(
+    "pause_left",
+    "SELECT value - :now FROM quota_state WHERE bucket_key = :bucket_key AND value > :now",
+    ("bucket_key", "now"),
+)
+
 # -- concurrency leases (quota_leases, revision 0006_leases) -----------------------------
 #
 # A key's leases are slots numbered 0..limit-1, one row each while held: the primary key

@@ -212,6 +212,8 @@ _SHARED: tuple[tuple[Statement, str, dict[str, Any]], ...] = (
     (_sql.LEASE_ABANDON, "_lease_abandon", {}),
     (_sql.LEASE_HOLDERS, "_lease_holders", {}),
     (_sql.LEASE_TOP, "_lease_top", {}),
+    (_sql.PAUSE_SET, "_pause_set", {}),
+    (_sql.PAUSE_LEFT, "_pause_left", {}),
 )
 
 

@@ -359,6 +359,27 @@ class MemoryStore:
         rows = self._hit_capped((*hit, params["limit"])) if capped else self._hit(hit)
         return ((rows[0][0], start, now),) if rows else ()
 
+    # -- pauses: quota._sql.statements' PAUSE_* as the SQL runs them ----------------------------
+
+    def _pause_set(self, params: Mapping[str, Any]) -> Rows:
+        now = self._now(params)
+        until = now + params["horizon"] if self.db_clock else params["expires"]
+        row = self._state(params)
+        if row is None:
+            value = until
+            self._insert(
+                params["bucket_key"], [until, until, params["client_key"], 0, 0.0, now, True], now
+            )
+        else:
+            row[_VALUE] = value = max(row[_VALUE], until)
+            row[_STAMP], row[_EXPIRES] = now, max(row[_EXPIRES], until)
+        return ((value, now),)
+
+    def _pause_left(self, params: Mapping[str, Any]) -> Rows:
+        now = self._now(params)
+        row = self._rows.get(params["bucket_key"])
+        return () if row is None or row[_VALUE] <= now else ((row[_VALUE] - now,),)
+
     # -- giving a hit back: quota._sql.statements' UNDO_* as the SQL runs them -------------------
 
     def _undo(self, state: bool, give_back: _GiveBack, params: Mapping[str, Any]) -> Rows:

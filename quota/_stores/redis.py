@@ -21,6 +21,7 @@ Keys (``prefix`` defaults to ``quota:``; ``redis://…?prefix=app1:`` changes it
     quota:{k:alice}:idx                sorted set of the key's rows, scored by expiry
     quota:{k:alice}:lease              concurrency leases: sorted set of holder -> expiry
     quota:{k:alice}:lease:h            their details: hash of holder -> "slot limit acquired_at"
+    quota:{k:alice}:pause:0            a pause: the moment it ends (a string)
 
 The stored key sits in a hash tag, so every row of one caller lives in one
 cluster slot. Every row carries a TTL of its expiry plus `GRACE` seconds, so
@@ -73,7 +74,16 @@ _COMMON = _lua("common").replace("__GRACE__", str(GRACE))
 #: Each script's source (``common.lua`` first), by name.
 SCRIPTS = {
     name: _COMMON + _lua(name).replace("__GRACE__", str(GRACE))
-    for name in ("fixed_window", "sliding_window", "token_bucket", "gcra", "reset", "lease", "undo")
+    for name in (
+        "fixed_window",
+        "sliding_window",
+        "token_bucket",
+        "gcra",
+        "reset",
+        "lease",
+        "undo",
+        "pause",
+    )
 }
 SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SCRIPTS.items()}
 
@@ -319,6 +329,24 @@ class RedisPlan:
         if value is None:
             return ()
         return ((_number(value), _number(prev or 0), _number(stamp or 0)),)
+
+    # -- pauses (lua/pause.lua) ------------------------------------------------------------
+
+    def _pause_set(self, params: Mapping[str, Any]) -> Plan:
+        reply = yield from self._eval(
+            "pause", self._state_keys(params), ("set", self._now(params), params["horizon"])
+        )
+        ends, now = reply
+        return ((_number(ends), _number(now)),)
+
+    def _pause_left(self, params: Mapping[str, Any]) -> Plan:
+        if self.db_clock:
+            reply = yield from self._eval("pause", self._state_keys(params), ("left", "db"))
+            return () if reply is None else ((_number(reply),),)
+        # On the app clock a read is enough: one GET, no script.
+        reply = yield ("GET", (self._state_keys(params)[0],))
+        left = 0.0 if reply is None else _number(reply) - params["now"]
+        return ((left,),) if left > 0 else ()
 
     # -- maintenance ------------------------------------------------------------------------
 
