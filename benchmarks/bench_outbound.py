@@ -183,6 +183,7 @@ def _setups(store: str, explicit: bool, with_async: bool, with_requests: bool) -
     @contextmanager
     def quota_requests(store: str) -> Iterator[SyncGet]:
         import requests
+
         from quota.contrib.requests import RateLimitedAdapter
 
         with quota.connect(store, **_settings(store)) as limiter, requests.Session() as session:

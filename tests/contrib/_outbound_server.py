@@ -15,6 +15,7 @@ instant the 429 was sent (its last byte written) is recorded.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -93,6 +94,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # keep-alive handlers never hold up shutdown
     owner: RecordingServer
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class RecordingServer:

@@ -77,6 +77,7 @@ def _send_sync(
 
 def run_httpx(url: str, server: str, worker: str, when: Callable[[], tuple[float, float]]) -> int:
     import httpx
+
     from quota.contrib.httpx import RateLimitedTransport
 
     limiter = quota.connect(url, **_settings(url))
@@ -92,6 +93,7 @@ def run_requests(
     url: str, server: str, worker: str, when: Callable[[], tuple[float, float]]
 ) -> int:
     import requests
+
     from quota.contrib.requests import RateLimitedAdapter
 
     limiter = quota.connect(url, **_settings(url))
@@ -109,6 +111,7 @@ async def run_httpx_async(
     url: str, server: str, worker: str, when: Callable[[], tuple[float, float]]
 ) -> int:
     import httpx
+
     from quota.contrib.httpx import AsyncRateLimitedTransport
 
     headers = {"X-Worker": worker}
