@@ -190,7 +190,7 @@ def _setups(store: str, explicit: bool, with_async: bool, with_requests: bool) -
             session.mount("http://", RateLimitedAdapter(limiter, RATE))
             yield session.get
 
-    where = _safe(store) if explicit else "SQLite (a temporary file)"
+    where = f"{_scheme(store)}://" if explicit else "SQLite (a temporary file)"
     httpx_quota = ("quota.contrib.httpx",)
     requests_quota = ("requests", "quota.contrib.requests")
     setups = [
