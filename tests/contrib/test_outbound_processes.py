@@ -169,3 +169,9 @@ def test_24_processes_on_three_transports_share_one_limit_and_one_pause(
         f"{refused.path} again {again[0].at - rejection.sent_at:.3f}s after it; "
         f"{len(arrivals)} GETs in all"
     )
+    after = Counter(
+        int((a.at - rejection.sent_at) * 10) / 10 for a in arrivals if a.at > refused.at
+    )
+    print(
+        f"{dialect}: arrivals after the 429 by tenth of a second after it: {sorted(after.items())}"
+    )
