@@ -1,7 +1,7 @@
 """Client CPU per request of quota's outbound transport: httpx bare and over `RateLimitedTransport`.
 
     python benchmarks/bench_outbound.py                               # a temporary SQLite file
-    python benchmarks/bench_outbound.py --url memory:// --async --requests
+    python benchmarks/bench_outbound.py --url memory:// --async --requests --aiohttp
     python benchmarks/bench_outbound.py --url postgresql://user@127.0.0.1/db --runs 7 --json out.json
 
 One invocation sends ``--count`` GETs, one after the other, to a local HTTP/1.1
@@ -17,7 +17,9 @@ from this process, in these setups:
 - with ``--async``, a bare ``httpx.AsyncClient`` (the async baseline) and
   ``httpx.AsyncClient(transport=AsyncRateLimitedTransport(...))``;
 - with ``--requests``, a bare ``requests.Session`` (its baseline) and one with
-  ``RateLimitedAdapter`` mounted.
+  ``RateLimitedAdapter`` mounted;
+- with ``--aiohttp``, a bare ``aiohttp.ClientSession`` (its baseline) and one
+  with ``rate_limit_middleware``.
 
 A transport that quota does not provide (yet) is skipped, with the reason.
 Each of ``--runs`` runs measures every setup in turn, in alternating order
@@ -140,7 +142,9 @@ class Measurement:
     ratio: float = float("nan")
 
 
-def _setups(store: str, explicit: bool, with_async: bool, with_requests: bool) -> list[Setup]:
+def _setups(
+    store: str, explicit: bool, with_async: bool, with_requests: bool, with_aiohttp: bool
+) -> list[Setup]:
     import httpx
 
     import quota
@@ -172,6 +176,24 @@ def _setups(store: str, explicit: bool, with_async: bool, with_requests: bool) -
             transport = AsyncRateLimitedTransport(limiter, RATE)
             async with httpx.AsyncClient(transport=transport) as client:
                 yield client.get
+
+    @asynccontextmanager
+    async def bare_aiohttp(_store: str) -> AsyncIterator[AsyncGet]:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            yield _aiohttp_get(session)
+
+    @asynccontextmanager
+    async def quota_aiohttp(store: str) -> AsyncIterator[AsyncGet]:
+        import aiohttp
+
+        from quota.contrib.aiohttp import rate_limit_middleware
+
+        async with quota.connect_async(store, **_settings(store)) as limiter:
+            middleware = rate_limit_middleware(limiter, RATE)
+            async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+                yield _aiohttp_get(session)
 
     @contextmanager
     def bare_requests(_store: str) -> Iterator[SyncGet]:
@@ -212,9 +234,27 @@ def _setups(store: str, explicit: bool, with_async: bool, with_requests: bool) -
             Setup("requests-quota", f"RateLimitedAdapter, {where}", "requests", quota_requests,
                   needs=requests_quota),
         ]  # fmt: skip
+    if with_aiohttp:
+        setups += [
+            Setup("aiohttp", "aiohttp.ClientSession (baseline)", "aiohttp", bare_aiohttp,
+                  is_async=True, needs=("aiohttp",)),
+            Setup("aiohttp-quota", f"rate_limit_middleware, {where}", "aiohttp", quota_aiohttp,
+                  is_async=True, needs=("aiohttp", "quota.contrib.aiohttp")),
+        ]  # fmt: skip
     for setup in setups:
         setup.skipped = next(filter(None, map(_missing, setup.needs)), None)
     return setups
+
+
+def _aiohttp_get(session: Any) -> AsyncGet:
+    """``get(url)`` on an aiohttp session: the body read, the response released."""
+
+    async def get(url: str) -> Any:
+        async with session.get(url) as response:
+            await response.read()
+            return response
+
+    return get
 
 
 def _missing(module: str) -> str | None:
@@ -269,8 +309,9 @@ async def _measure_async(
 
 
 def _ok(response: Any) -> None:
-    if response.status_code != 200:
-        raise RuntimeError(f"the server answered {response.status_code}")
+    status = getattr(response, "status_code", None) or response.status  # aiohttp: .status
+    if status != 200:
+        raise RuntimeError(f"the server answered {status}")
 
 
 # -- the command ----------------------------------------------------------------------------
@@ -293,6 +334,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "--requests", dest="with_requests", action="store_true",
         help="add requests.Session, bare and with RateLimitedAdapter",
     )  # fmt: skip
+    parser.add_argument(
+        "--aiohttp", dest="with_aiohttp", action="store_true",
+        help="add aiohttp.ClientSession, bare and with rate_limit_middleware",
+    )  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE as JSON")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -313,7 +358,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     try:
         if scheme in ("sqlite", "postgres", "postgresql"):
             quota.migrate(store)
-        setups = _setups(store, args.url is not None, args.with_async, args.with_requests)
+        setups = _setups(
+            store, args.url is not None, args.with_async, args.with_requests, args.with_aiohttp
+        )
         for setup in setups:
             if setup.skipped:
                 print(f"skipping {setup.label}: {setup.skipped}", file=sys.stderr)
@@ -361,7 +408,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "cpus": os.cpu_count(),
         # 1-minute load average before and after: how busy the machine was (this included).
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "versions": {p: _version(p) for p in ("httpx", "httpcore", "requests", "urllib3")},
+        "versions": {
+            p: _version(p) for p in ("httpx", "httpcore", "requests", "urllib3", "aiohttp")
+        },
         "setups": rows,
     }
     if args.json:
@@ -393,14 +442,14 @@ def _table(report: dict[str, object], rows: list[dict[str, object]]) -> str:
         f" (after {report['warmup']}), {report['cpus']} CPUs, load average"
         f" {report['load_average'][0]} -> {report['load_average'][1]}; {versions}",  # type: ignore[index]
         "",
-        f"{'setup':<48} {'CPU us/req':>10} {'+us':>7} {'x base':>7} {'wall us/req':>11}",
+        f"{'setup':<52} {'CPU us/req':>10} {'+us':>7} {'x base':>7} {'wall us/req':>11}",
     ]
     for row in rows:
         if "skipped" in row:
-            lines.append(f"{row['label']:<48} skipped: {row['skipped']}")
+            lines.append(f"{row['label']:<52} skipped: {row['skipped']}")
             continue
         lines.append(
-            f"{row['label']:<48} {row['cpu_us_per_request_median']:>10}"
+            f"{row['label']:<52} {row['cpu_us_per_request_median']:>10}"
             f" {row['over_baseline_us_median']:>7} {row['ratio_median']:>7.2f}"
             f" {row['wall_us_per_request_median']:>11}"
         )

@@ -3,8 +3,9 @@
 ``python -m tests.contrib._outbound_workers KIND STORE_URL SERVER_URL START_AT STOP_AT WORKER_ID``
 
 KIND is ``httpx`` (``httpx.Client`` over `RateLimitedTransport`), ``httpx-async``
-(``httpx.AsyncClient`` over `AsyncRateLimitedTransport`) or ``requests`` (a
-``requests.Session`` with `RateLimitedAdapter` mounted on ``http://``), each limited to
+(``httpx.AsyncClient`` over `AsyncRateLimitedTransport`), ``requests`` (a
+``requests.Session`` with `RateLimitedAdapter` mounted on ``http://``) or ``aiohttp``
+(an ``aiohttp.ClientSession`` with `rate_limit_middleware`), each limited to
 `RATE` in the store at STORE_URL (one connection to PostgreSQL). The worker sends one
 warm-up GET (it opens the store's connection and the HTTP connection), waits until
 START_AT (epoch seconds), then sends GETs one after the other until STOP_AT, each to
@@ -23,13 +24,13 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import quota
 
 RATE = "10/second"
-KINDS = ("httpx", "httpx-async", "requests")
+KINDS = ("httpx", "httpx-async", "requests", "aiohttp")
 
 
 def _settings(url: str) -> dict[str, Any]:
@@ -107,6 +108,29 @@ def run_requests(
         limiter.close()
 
 
+async def _send_async(
+    get: Callable[[str, dict[str, str]], Awaitable[int]], server: str, worker: str,
+    when: Callable[[], tuple[float, float]],
+) -> int:  # fmt: skip
+    headers = {"X-Worker": worker}
+    sent = 0
+
+    async def send() -> None:
+        nonlocal sent
+        path = f"/w{worker}/n{sent}"
+        sent += 1
+        status = await get(server + path, headers)
+        if status != 200:
+            raise RuntimeError(f"GET {path} answered {status}")
+
+    await send()  # warm-up
+    start, stop = when()  # blocks the loop, on purpose: nothing else runs yet
+    await asyncio.sleep(max(0.0, start - time.time()))
+    while time.time() < stop:
+        await send()
+    return sent
+
+
 async def run_httpx_async(
     url: str, server: str, worker: str, when: Callable[[], tuple[float, float]]
 ) -> int:
@@ -114,24 +138,33 @@ async def run_httpx_async(
 
     from quota.contrib.httpx import AsyncRateLimitedTransport
 
-    headers = {"X-Worker": worker}
-    sent = 0
     async with quota.connect_async(url, **_settings(url)) as limiter:
         transport = AsyncRateLimitedTransport(limiter, RATE)
         async with httpx.AsyncClient(transport=transport) as client:
 
-            async def send() -> None:
-                nonlocal sent
-                path = f"/w{worker}/n{sent}"
-                sent += 1
-                _check(await client.get(server + path, headers=headers), path)
+            async def get(u: str, h: dict[str, str]) -> int:
+                return (await client.get(u, headers=h)).status_code
 
-            await send()  # warm-up
-            start, stop = when()  # blocks the loop, on purpose: nothing else runs yet
-            await asyncio.sleep(max(0.0, start - time.time()))
-            while time.time() < stop:
-                await send()
-    return sent
+            return await _send_async(get, server, worker, when)
+
+
+async def run_aiohttp(
+    url: str, server: str, worker: str, when: Callable[[], tuple[float, float]]
+) -> int:
+    import aiohttp
+
+    from quota.contrib.aiohttp import rate_limit_middleware
+
+    async with quota.connect_async(url, **_settings(url)) as limiter:
+        middleware = rate_limit_middleware(limiter, RATE)
+        async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+
+            async def get(u: str, h: dict[str, str]) -> int:
+                async with session.get(u, headers=h) as response:
+                    await response.read()
+                    return response.status
+
+            return await _send_async(get, server, worker, when)
 
 
 def main(argv: list[str]) -> int:
@@ -146,6 +179,8 @@ def main(argv: list[str]) -> int:
             sent = run_httpx(url, server, worker, when)
         elif kind == "requests":
             sent = run_requests(url, server, worker, when)
+        elif kind == "aiohttp":
+            sent = asyncio.run(run_aiohttp(url, server, worker, when))
         else:
             sent = asyncio.run(run_httpx_async(url, server, worker, when))
     except BaseException:
