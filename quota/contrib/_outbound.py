@@ -1,7 +1,8 @@
 """Outbound limits: what the httpx, requests and aiohttp integrations share.
 
-An outbound call waits for its slot under the key's rates (`Limiter.acquire`), then
-for the key's pause (`Limiter.paused`), and only then goes out; its response is read
+An outbound call waits out the key's pause (`Limiter.paused`), then for its slot under
+the key's rates (`Limiter.acquire`; after a wait there, it reads the pause again), and
+only then goes out; its response is read
 for a provider saying to slow down (`quota.contrib._provider.provider_pause`), which
 pauses the key in the store for every process (`Limiter.pause`). A 429 or 503 to an
 idempotent request with a body that can be sent again is sent again after the pause,
@@ -36,6 +37,9 @@ S = TypeVar("S")  # a library's response
 
 #: The most times one call may be sent again after a 429 or 503.
 MAX_RETRIES = 100
+#: A slot that came within this many seconds of the pause's read came at once: the read
+#: stands. One that came later (`acquire` waited) is followed by another read.
+FRESH = 0.005
 #: Statuses whose request is sent again after the pause they asked for.
 RETRIED = frozenset({429, 503})
 
@@ -138,11 +142,18 @@ class Outbound(Generic[R]):
         while True:
             slept = 0
             while True:
-                left = self.timeout - (self.clock() - started)
-                yield ACQUIRE, key, max(0.0, min(left, MAX_TIMEOUT))
+                # The pause first: a key paused takes no slot it cannot use.
                 paused = yield PAUSED, key, None
                 if not paused:
-                    break
+                    before = self.clock()
+                    left = self.timeout - (before - started)
+                    yield ACQUIRE, key, max(0.0, min(left, MAX_TIMEOUT))
+                    if self.clock() - before < FRESH:
+                        break  # the slot came at once: the pause just read still holds
+                    # The slot came after a wait, in which a pause may have begun.
+                    paused = yield PAUSED, key, None
+                    if not paused:
+                        break
                 slept += 1
                 now = self.clock()
                 wait = pause(

@@ -59,8 +59,7 @@ class Server:
             protocol_version = "HTTP/1.1"
 
             def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                body = self._body()
                 with server.lock:
                     server.seen.append((self.command, self.path, body))
                     script = server.answers.get(self.path)
@@ -71,6 +70,17 @@ class Server:
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                    length = int(self.headers.get("Content-Length") or 0)
+                    return self.rfile.read(length) if length else b""
+                chunks = []
+                while size := int(self.rfile.readline().split(b";")[0], 16):
+                    chunks.append(self.rfile.read(size))
+                    self.rfile.readline()
+                self.rfile.readline()  # the blank line after the last chunk
+                return b"".join(chunks)
 
             do_GET = do_POST = do_PUT = do_DELETE = _answer
 
@@ -256,7 +266,7 @@ def test_a_429_pauses_the_key_for_every_client_and_a_get_is_sent_again(
     # A pause another client saw holds this one back too.
     server.answers["/again"] = [Answer(429, {"Retry-After": "30"})]
     assert other.send(f"{server.url}/again", max_retries=0).status == 429
-    assert client.paused(server.url.replace("http://", "http://", 1)) == pytest.approx(30, abs=1)
+    assert client.paused(server.url) == pytest.approx(30, abs=1)
     before = client.sleeps.clock()
     assert client.send(f"{server.url}/after").status == 200
     assert client.sleeps.clock() - before >= 29
@@ -412,3 +422,15 @@ def test_a_limiter_of_the_other_face_is_refused(sqlite_url: str) -> None:
         limiter.close()
     with pytest.raises(quota.ConfigurationError, match=r"quota\.Limiter"):
         RateLimitedAdapter(object(), "1/second")
+
+
+def test_a_paused_key_takes_no_slot_it_cannot_use(
+    make_client: Callable[..., Client], server: Server
+) -> None:
+    client = make_client()
+    client.run(client.limiter.pause(server.url, 5))  # the default key: the origin
+    start = client.sleeps.clock()
+    # One slot a minute: a slot taken while paused would leave none for after the pause.
+    assert client.send(f"{server.url}/after", "1/minute", timeout=30).status == 200
+    assert 5 <= client.sleeps.clock() - start < 6
+    assert server.paths() == ["/after"]
