@@ -1,8 +1,8 @@
 """Outbound limits: what the httpx, requests and aiohttp integrations share.
 
-An outbound call waits out the key's pause (`Limiter.paused`), then for its slot under
-the key's rates (`Limiter.acquire`; after a wait there, it reads the pause again), and
-only then goes out; its response is read
+An outbound call waits out the key's pause (`Limiter.paused`), then tries for its slot
+under the key's rates (`Limiter.acquire` with no wait), sleeping until the slot opens
+and reading the pause again before each try, and only then goes out; its response is read
 for a provider saying to slow down (`quota.contrib._provider.provider_pause`), which
 pauses the key in the store for every process (`Limiter.pause`). A 429 or 503 to an
 idempotent request with a body that can be sent again is sent again after the pause,
@@ -37,14 +37,11 @@ S = TypeVar("S")  # a library's response
 
 #: The most times one call may be sent again after a 429 or 503.
 MAX_RETRIES = 100
-#: A slot that came within this many seconds of the pause's read came at once: the read
-#: stands. One that came later (`acquire` waited) is followed by another read.
-FRESH = 0.005
 #: Statuses whose request is sent again after the pause they asked for.
 RETRIED = frozenset({429, 503})
 
 # The steps `Outbound.flow` yields, and what the driver sends back for each.
-ACQUIRE = "acquire"  # (ACQUIRE, key, timeout) -> Decision (or raises RateLimitTimeout)
+TRY = "try"  # (TRY, key, None) -> the Decision of one try for a slot (`acquire`, timeout 0)
 PAUSED = "paused"  # (PAUSED, key, None) -> seconds the key stays paused
 SLEEP = "sleep"  # (SLEEP, None, seconds) -> None
 SEND = "send"  # (SEND, None, None) -> (status, headers) of the response
@@ -134,39 +131,44 @@ class Outbound(Generic[R]):
     def flow(self, key: str, method: str, replayable: bool) -> Flow:
         """One call: wait for the slot and the pause, send, read the answer, maybe again.
 
-        Raises `RateLimitTimeout` (from the limiter's `acquire`, or here for a pause
-        that ends past the timeout) before a request that could not go out in time.
+        Raises `RateLimitTimeout` before a request that could not go out in time: at
+        once when the slot opens, or the pause ends, past the timeout (as `acquire`).
+        Each try for a slot follows a read of the pause, so a key paused while its
+        callers wait spends no slot; a denied try is never charged.
         """
         started = self.clock()
         retries = 0
         while True:
-            slept = 0
+            tries = 0
             while True:
-                # The pause first: a key paused takes no slot it cannot use.
+                # The pause before each try for a slot: a paused key spends none.
                 paused = yield PAUSED, key, None
-                if not paused:
-                    before = self.clock()
-                    left = self.timeout - (before - started)
-                    yield ACQUIRE, key, max(0.0, min(left, MAX_TIMEOUT))
-                    if self.clock() - before < FRESH:
-                        break  # the slot came at once: the pause just read still holds
-                    # The slot came after a wait, in which a pause may have begun.
-                    paused = yield PAUSED, key, None
-                    if not paused:
+                if paused:
+                    wait, denial = paused, None
+                else:
+                    decision = yield TRY, key, None
+                    if decision.allowed:
                         break
-                slept += 1
+                    wait, denial = decision.retry_after_exact, decision
+                tries += 1
                 now = self.clock()
-                wait = pause(
-                    paused, self.timeout - (now - started), attempt=slept, spread=self._spread,
+                sleep = pause(
+                    wait, self.timeout - (now - started), attempt=tries, spread=self._spread,
                     draw=random.random(),
                 )  # fmt: skip
-                if wait is None:
+                if sleep is None:
+                    if denial is None:
+                        raise RateLimitTimeout(
+                            f"{key!r} is paused for {wait:.3f}s more, past the timeout of"
+                            f" {self.timeout:g}s",
+                            decision=paused_decision(key, self.rates[0], now, wait),
+                        )
                     raise RateLimitTimeout(
-                        f"{key!r} is paused for {paused:.3f}s more, past the timeout of"
-                        f" {self.timeout:g}s",
-                        decision=paused_decision(key, self.rates[0], now, paused),
+                        f"no slot for {key!r} within {self.timeout:g}s"
+                        f" (the next opens in {wait:.3f}s)",
+                        decision=denial,
                     )
-                yield SLEEP, None, wait
+                yield SLEEP, None, sleep
             status, headers = yield SEND, None, None
             seconds = self.heard(status, headers)
             if seconds is None:
@@ -218,8 +220,11 @@ class SyncCall(Generic[S]):
                 assert response is not None
                 return response
             reply = None
-            if step is ACQUIRE:
-                reply = limiter.acquire(key, rates, timeout=arg)
+            if step is TRY:
+                try:
+                    reply = limiter.acquire(key, rates, timeout=0.0)
+                except RateLimitTimeout as denied:
+                    reply = denied.decision
             elif step is PAUSED:
                 reply = limiter.paused(key)
             elif step is SEND:
@@ -264,8 +269,11 @@ class AsyncCall(Generic[S]):
                 assert response is not None
                 return response
             reply = None
-            if step is ACQUIRE:
-                reply = await limiter.acquire(key, rates, timeout=arg)
+            if step is TRY:
+                try:
+                    reply = await limiter.acquire(key, rates, timeout=0.0)
+                except RateLimitTimeout as denied:
+                    reply = denied.decision
             elif step is PAUSED:
                 reply = await limiter.paused(key)
             elif step is SEND:
