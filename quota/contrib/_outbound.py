@@ -9,8 +9,8 @@ idempotent request with a body that can be sent again is sent again after the pa
 up to `max_retries` times. `timeout` covers the whole call: slots, pauses and retries.
 
 The flow is written once, without I/O (`Outbound.flow`, a generator of steps); each
-integration drives it with its library's send and its limiter's face (`drive_sync`,
-`drive_async`).
+integration drives it with its library's send and its limiter's face (`SyncCall`,
+`AsyncCall`).
 """
 
 from __future__ import annotations
