@@ -72,7 +72,7 @@ class RateLimitedAdapter(HTTPAdapter):
         self._call: SyncCall[requests.Response] = SyncCall(self._outbound)
         super().__init__(**adapter)
 
-    def send(  # type: ignore[override]
+    def send(  # type: ignore[override,unused-ignore]
         self, request: requests.PreparedRequest, **kwargs: Any
     ) -> requests.Response:
         outbound = self._outbound
