@@ -18,6 +18,11 @@ The delay of a deferral:
 - the store failing (`quota.StorageError`, which a limiter with a fallback does
   not raise): `STORE_DELAY` seconds plus up to as much again; logged. A task is
   never run unchecked while its limit cannot be read, and never lost.
+
+No delay is longer than `MAX_DELAY` (plus its jitter): a task whose slot is further
+off comes back then and is deferred again. Brokers hold a deferred task for its whole
+delay (Celery on Redis redelivers one held past the transport's visibility timeout,
+an hour by default), and a short delay costs one statement.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ log = logging.getLogger("quota")
 BUSY_DELAY = 1.0
 #: Seconds a task waits before trying again when the store fails.
 STORE_DELAY = 5.0
+#: The longest deferral, in seconds, before its jitter.
+MAX_DELAY = 300.0
 #: The jitter of a rate's deferral lies between these (seconds).
 MIN_JITTER, MAX_JITTER = 0.05, 1.0
 
@@ -220,7 +227,8 @@ class JobLimit:
     def _denied(self, exc: RateLimitTimeout) -> Admission:
         decision = exc.decision
         wait = decision.retry_after_exact if decision is not None else BUSY_DELAY
-        return Admission(max(0.0, wait) + self._jitter * random.random(), "rate", decision)
+        wait = min(MAX_DELAY, max(0.0, wait))
+        return Admission(wait + self._jitter * random.random(), "rate", decision)
 
     def _busy(self) -> Admission:
         return Admission(BUSY_DELAY * (1.0 + random.random()), "busy")

@@ -73,6 +73,16 @@ def test_the_jitter_is_one_slots_share_between_50ms_and_1s(
     assert 0 <= min(delays) < jitter * 0.2 and jitter * 0.8 < max(delays) <= jitter
 
 
+def test_a_slot_further_off_than_max_delay_comes_back_at_max_delay(
+    limiter: quota.Limiter,
+) -> None:
+    job = _limit(limiter, "1/day")
+    assert job.admit("k").admitted
+    denied = job.admit("k")
+    assert denied.decision is not None and denied.decision.retry_after_exact > 80_000
+    assert denied.delay is not None and _jobs.MAX_DELAY <= denied.delay <= _jobs.MAX_DELAY + 1
+
+
 def test_several_rates_are_all_or_nothing(limiter: quota.Limiter, clock: Clock) -> None:
     job = _limit(limiter, "1/second;3/minute")
     assert job.admit("k").admitted
