@@ -71,9 +71,13 @@ def rate_limited(
 
     A deferred job runs again at the first poll of a worker after its time comes:
     workers look for due jobs every ``poll_delay`` seconds (arq's default 0.5), so a
-    deferral lasts up to ``poll_delay`` longer than asked. The rate is never
-    exceeded for it; a lower ``poll_delay`` packs the runs of a busy key closer to
-    the rate.
+    deferral lasts up to ``poll_delay`` longer than asked. That never lets a key
+    exceed its rates, but a run may start up to ``poll_delay`` after its slot opens:
+    a lower ``poll_delay`` keeps a busy key closer to its rate. Each deferral is a
+    run of the job in a worker (one store call and a Redis round trip, no sleep),
+    and the jobs deferred on one key come back together when its slot opens (spread
+    by the jitter), so a backlog of `n` jobs waiting on one key costs about `n` runs
+    each time a slot opens.
 
     Raises `quota.ConfigurationError` for a bad argument or a function that is not
     a coroutine function.
