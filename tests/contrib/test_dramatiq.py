@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -219,16 +218,20 @@ def _stub_worker(current_message: bool) -> Iterator[StubBroker]:
 
 
 def _deferral_run(
-    broker: StubBroker, limiter: quota.Limiter, clock: Clock
-) -> tuple[list[tuple[str, int]], Any]:
-    """An actor on an exhausted key with ``max_retries=1``, sent once: the run log once
-    it was deferred three times (then the clock moves on), or once it is failed."""
-    log: list[tuple[str, int]] = []
-    ran = threading.Event()
+    broker: StubBroker, limiter: quota.Limiter, clock: Clock, *, fails: int = 0,
+    **options: Any,
+) -> list[tuple[str, Any]]:  # fmt: skip
+    """An actor on an exhausted key (``max_retries=1`` unless `options` say otherwise),
+    sent once: deferred three times, then the clock moves on and its body runs, raising
+    `fails` times; the log of what happened once nothing is left to run. ``("run", n)``
+    for each entry into the limited call (n the retry count of the message then, -9
+    without a current message), ``("start", n)`` for each run of the body."""
+    log: list[tuple[str, Any]] = []
 
     def limited(n: int) -> None:
         log.append(("start", n))
-        ran.set()
+        if sum(1 for event, _ in log if event == "start") <= fails:
+            raise RuntimeError("boom")
 
     inner = rate_limited("20/second", key="d", limiter=limiter)(limited)
 
@@ -238,20 +241,19 @@ def _deferral_run(
         inner(n)
 
     entry.__name__ = "deferred_actor"
-    actor = dramatiq.actor(entry, broker=broker, max_retries=1, min_backoff=10, max_backoff=10)
+    options = {"max_retries": 1, "min_backoff": 10, "max_backoff": 10, **options}
+    actor = dramatiq.actor(entry, broker=broker, **options)
     clock.now = T0 + 0.99  # 10 ms before the window ends: each deferral is short
     for _ in range(20):
         limiter.hit("d", "20/second")
-    message = actor.send(1)
+    actor.send(1)
     deadline = time.monotonic() + 10
     while sum(1 for event, _ in log if event == "run") < 4 and not broker.dead_letters:
         assert time.monotonic() < deadline, log
         time.sleep(0.01)
-    if not broker.dead_letters:
-        clock.advance(1.0)
-        assert ran.wait(10), log
-    broker.join(actor.queue_name, fail_fast=False)
-    return log, message
+    clock.advance(1.0)
+    broker.join(actor.queue_name, fail_fast=False, timeout=10_000)
+    return log
 
 
 def test_deferrals_are_not_counted_against_max_retries_with_current_message(
@@ -259,7 +261,7 @@ def test_deferrals_are_not_counted_against_max_retries_with_current_message(
 ) -> None:
     limiter, clock = memory
     with _stub_worker(current_message=True) as broker:
-        log, _ = _deferral_run(broker, limiter, clock)
+        log = _deferral_run(broker, limiter, clock)
         assert not broker.dead_letters
     runs = [retries for event, retries in log if event == "run"]
     assert len(runs) >= 4 and log[-1] == ("start", 1), log
@@ -272,12 +274,53 @@ def test_without_current_message_each_deferral_is_a_retry(
 ) -> None:
     limiter, clock = memory
     with _stub_worker(current_message=False) as broker:
-        log, _ = _deferral_run(broker, limiter, clock)
+        log = _deferral_run(broker, limiter, clock)
         # max_retries=1: the second deferral fails the message; it never ran.
         assert len(broker.dead_letters) == 1
         failed = broker.dead_letters[0]
     assert log == [("run", -9), ("run", -9)], log
     assert failed.options["retries"] == 2
+
+
+def test_after_deferrals_failures_are_retried_and_exhausted_as_without_them(
+    memory: tuple[quota.Limiter, Clock],
+) -> None:
+    limiter, clock = memory
+    exhausted: list[dict[str, Any]] = []
+    with _stub_worker(current_message=True) as broker:
+
+        def on_exhausted(message: dict[str, Any], info: dict[str, Any]) -> None:
+            exhausted.append(info)
+
+        dramatiq.actor(on_exhausted, broker=broker, actor_name="on_exhausted")
+        log = _deferral_run(broker, limiter, clock, fails=2, on_retry_exhausted="on_exhausted")
+        broker.join("default", fail_fast=False, timeout=10_000)
+        assert len(broker.dead_letters) == 1
+    # Deferred (retry count 0), then the body failed, was retried once (count 1) after
+    # the actor's 10 ms backoff, failed again and was given up: max_retries=1 as ever.
+    first = log.index(("start", 1))  # after the deferrals and the admitted entry
+    assert first >= 4 and set(log[:first]) == {("run", 0)}, log
+    assert log[first:] == [("start", 1), ("run", 1), ("start", 1)], log
+    assert exhausted == [{"retries": 1, "max_retries": 1}]
+
+
+def test_retry_when_is_asked_about_a_deferral_one_below_the_count(
+    memory: tuple[quota.Limiter, Clock],
+) -> None:
+    limiter, clock = memory
+    asked: list[tuple[int, str]] = []
+
+    def retry_when(retries: int, exc: BaseException) -> bool:
+        asked.append((retries, type(exc).__name__))
+        return isinstance(exc, Deferred) or retries < 1
+
+    with _stub_worker(current_message=True) as broker:
+        log = _deferral_run(broker, limiter, clock, fails=5, retry_when=retry_when)
+        assert len(broker.dead_letters) == 1
+    deferrals = log.index(("start", 1)) - 1
+    assert deferrals >= 3
+    assert asked[:deferrals] == [(-1, "Deferred")] * deferrals, asked
+    assert asked[deferrals:] == [(0, "RuntimeError"), (1, "RuntimeError")], asked
 
 
 # -- worker processes --------------------------------------------------------------------------
