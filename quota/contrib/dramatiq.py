@@ -32,6 +32,10 @@ from quota.contrib._jobs import Admission, JobLimit, Key, check_sync
 
 __all__ = ["Deferred", "rate_limited"]
 
+#: The longest deferral in milliseconds: the longest delay dramatiq's brokers take (7
+#: days); a message whose slot opens later is deferred again when it comes back.
+MAX_DELAY_MS = 7 * 86_400_000
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -118,7 +122,7 @@ def _defer(message: Any, key: str, admission: Admission) -> Deferred:
     """The `Deferred` to raise for a run not admitted; with the current message known,
     its retry count lowered by one, which the Retries middleware raises back."""
     assert admission.delay is not None
-    delay = max(1, math.ceil(admission.delay * 1000))
+    delay = min(MAX_DELAY_MS, max(1, math.ceil(admission.delay * 1000)))
     if message is not None:
         message.options["retries"] = message.options.get("retries", 0) - 1
     return Deferred(

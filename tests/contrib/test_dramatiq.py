@@ -162,6 +162,22 @@ def test_a_denied_run_raises_retry_with_the_delay_of_the_rate(
     assert runs == [1, 2, 4]
 
 
+def test_a_deferral_is_at_most_the_longest_delay_of_the_brokers(
+    memory: tuple[quota.Limiter, Clock],
+) -> None:
+    limiter, clock = memory
+    clock.now = T0 - T0 % (30 * 86400)  # a window of 30 days begins
+
+    @rate_limited("1/30days", key="m", limiter=limiter)
+    def task() -> None:
+        pass
+
+    task()
+    with pytest.raises(Deferred) as denied:
+        task()
+    assert denied.value.delay == 7 * 86_400_000
+
+
 def test_the_concurrency_slot_is_held_while_the_body_runs_and_freed_after(
     memory: tuple[quota.Limiter, Clock],
 ) -> None:
@@ -442,6 +458,16 @@ def test_two_workers_run_60_messages_at_5_a_second_without_holding_a_thread(
     print(f"{len(runs)} runs, the slowest call {slowest * 1000:.1f} ms")
     assert slowest <= 0.5, slowest
     assert {x["pid"] for x in lines if x["event"] == "start"} == set(booted.values())
+
+    # Deferred messages wait in the broker, not in a worker thread: with one thread in
+    # each of the two workers, most of the 60 were waiting while the others started.
+    waiting = max(
+        len({x["id"] for x in runs if x["at"] < t} - {x["id"] for x in lines
+             if x["event"] == "start" and x["at"] < t})
+        for t in begun
+    )  # fmt: skip
+    print(f"most messages deferred and waiting at once: {waiting}")
+    assert waiting >= PACED - 2 * RATE, waiting
 
     # max_retries=1, yet messages were deferred many times and none failed: uncounted.
     deferred = Counter(x["id"] for x in runs if x["outcome"] == "deferred")
