@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 import dramatiq
@@ -35,6 +36,9 @@ __all__ = ["Deferred", "rate_limited"]
 #: The longest deferral in milliseconds: the longest delay dramatiq's brokers take (7
 #: days); a message whose slot opens later is deferred again when it comes back.
 MAX_DELAY_MS = 7 * 86_400_000
+
+#: The message whose limited run is under way in this context, if any.
+_running: ContextVar[Any] = ContextVar("quota_dramatiq_running", default=None)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,6 +85,9 @@ def rate_limited(
     on a key divided by what the rates let through in one delay), or install
     ``CurrentMessage``. A ``retry_when`` predicate is asked about deferrals too (the
     exception a `Deferred`, the count one below that of the failures so far).
+    A limited function called from the body of a limited actor counts on its own key
+    (its ``__name__`` by default); its deferral, raised through the actor's body, is
+    a retry of that actor like any exception, and counted.
 
     Raises `quota.ConfigurationError` naming the argument for a bad one, for a
     coroutine function (dramatiq's async actors are not supported) and for an actor
@@ -101,6 +108,8 @@ def rate_limited(
         @functools.wraps(func)
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
             message = CurrentMessage.get_current_message()
+            if message is not None and _running.get() is message:
+                message = None  # called from a limited run of the message: not its actor
             if key is None and message is not None:
                 chosen = str(message.actor_name)
             else:
@@ -108,9 +117,11 @@ def rate_limited(
             admission = limit.admit(chosen)
             if admission.delay is not None:
                 raise _defer(message, chosen, admission)
+            token = _running.set(message)
             try:
                 return func(*args, **kwargs)
             finally:
+                _running.reset(token)
                 admission.release()
 
         return run

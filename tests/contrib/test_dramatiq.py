@@ -137,6 +137,39 @@ def test_a_key_callable_gets_the_arguments_and_a_bad_key_is_refused(
         task("")
 
 
+def test_in_a_worker_the_default_key_is_the_messages_actor_and_a_deferral_is_uncounted(
+    memory: tuple[quota.Limiter, Clock],
+) -> None:
+    limiter, _ = memory
+
+    @rate_limited("1/second", limiter=limiter)
+    def inner() -> None:
+        pass
+
+    @rate_limited("1/second", limiter=limiter)
+    def outer() -> None:
+        inner()
+
+    message = dramatiq.Message(
+        queue_name="default", actor_name="named", args=(), kwargs={}, options={"retries": 2}
+    )
+    token = CurrentMessage._MESSAGE.set(message)
+    try:
+        outer()  # counts on "named"; the nested call on "inner"
+        assert limiter.peek("named", 1, 1).remaining == 0
+        assert limiter.peek("inner", 1, 1).remaining == 0
+        assert limiter.peek("outer", 1, 1).remaining == 1
+        with pytest.raises(Deferred):
+            outer()
+        assert message.options["retries"] == 1  # the Retries middleware adds one back
+        limiter.reset("named")
+        with pytest.raises(Deferred):
+            outer()  # admitted, but its nested call is not: not the message's deferral
+        assert message.options["retries"] == 1
+    finally:
+        CurrentMessage._MESSAGE.reset(token)
+
+
 def test_a_denied_run_raises_retry_with_the_delay_of_the_rate(
     memory: tuple[quota.Limiter, Clock],
 ) -> None:
