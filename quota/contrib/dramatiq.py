@@ -12,7 +12,10 @@ and so shared by every worker process and host using it. A run that is not admit
 raises `Deferred`, a ``dramatiq.Retry`` with the delay in milliseconds: dramatiq's
 ``Retries`` middleware sends the message again after that delay (the broker's delay
 queue holds it meanwhile, no worker thread waits for it) and logs one INFO line,
-``Retrying message '…' in N milliseconds.``, no error. Needs the extra ``dramatiq``.
+``Retrying message '…' in N milliseconds.``, no error. A worker process polls its
+delay queues about once a second (``dramatiq_worker_timeout`` in the environment, in
+milliseconds, sets how often), so a deferred message comes back up to that much after
+its delay. Needs the extra ``dramatiq``.
 """
 
 from __future__ import annotations
@@ -80,10 +83,11 @@ def rate_limited(
     (``broker.add_middleware(CurrentMessage())``) a deferral is not counted: the count
     is lowered by one before the deferral and Retries raises it back, so ``max_retries``
     and the backoff of failures see only the runs that failed. Without it every
-    deferral is one retry, and a message deferred ``max_retries`` times is failed: set
-    ``max_retries`` well above the deferrals a backlog may cause (the messages waiting
-    on a key divided by what the rates let through in one delay), or install
-    ``CurrentMessage``. A ``retry_when`` predicate is asked about deferrals too (the
+    deferral is one retry, and a message is failed once its deferrals and failures
+    together exceed ``max_retries``: set it well above the deferrals a backlog may
+    cause (about the messages waiting on a key divided by what the rates let through
+    in one window: 60 messages at ``"5/second"`` defer the last ones 11 times), or
+    install ``CurrentMessage``. A ``retry_when`` predicate is asked about deferrals too (the
     exception a `Deferred`, the count one below that of the failures so far).
     A limited function called from the body of a limited actor counts on its own key
     (its ``__name__`` by default); its deferral, raised through the actor's body, is
