@@ -36,10 +36,6 @@ from quota.contrib._jobs import Admission, JobLimit, Key, check_sync
 
 __all__ = ["Deferred", "rate_limited"]
 
-#: The longest deferral in milliseconds: the longest delay dramatiq's brokers take (7
-#: days); a message whose slot opens later is deferred again when it comes back.
-MAX_DELAY_MS = 7 * 86_400_000
-
 #: The message whose limited run is under way in this context, if any.
 _running: ContextVar[Any] = ContextVar("quota_dramatiq_running", default=None)
 
@@ -137,7 +133,7 @@ def _defer(message: Any, key: str, admission: Admission) -> Deferred:
     """The `Deferred` to raise for a run not admitted; with the current message known,
     its retry count lowered by one, which the Retries middleware raises back."""
     assert admission.delay is not None
-    delay = min(MAX_DELAY_MS, max(1, math.ceil(admission.delay * 1000)))
+    delay = max(1, math.ceil(admission.delay * 1000))
     if message is not None:
         message.options["retries"] = message.options.get("retries", 0) - 1
     return Deferred(
