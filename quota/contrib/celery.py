@@ -106,11 +106,11 @@ def rate_limited(
 
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
-            task = get_current_task()
+            task, current = _task_of(run, args)
             own = args[1:] if task is not None and args and args[0] is task else args
             job = named(task.name if task is not None else fallback_name)
             key = job.key_of(own, kwargs)
-            request = task.request if task is not None else None
+            request = task.request if current and task is not None else None
             if request is None or request.called_directly or request.is_eager:
                 return _wait_and_run(job, key, func, args, kwargs)
             admission = job.admit(key)
@@ -129,6 +129,34 @@ def rate_limited(
         return cast(F, run)
 
     return decorate
+
+
+def _task_of(run: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Task | None, bool]:
+    """The task whose body `run` is, and whether it is the task running now.
+
+    The running task (``celery._state.get_current_task``) when its ``run`` leads to
+    `run`, else a task given as the first argument (``some_task.run(...)`` of a bound
+    task, called from the body of another), else None (a plain call of the function).
+    """
+    current = get_current_task()
+    if current is not None and _leads_to(current, run):
+        return current, True
+    if args and isinstance(args[0], Task) and _leads_to(args[0], run):
+        return args[0], False
+    return None, False
+
+
+def _leads_to(task: Task, run: Callable[..., Any]) -> bool:
+    """Whether `task`'s ``run`` is `run`, or wraps it (``functools.wraps``)."""
+    found: Any = getattr(task, "run", None)
+    for _ in range(100):
+        found = getattr(found, "__func__", found)
+        if found is run:
+            return True
+        found = getattr(found, "__wrapped__", None)
+        if found is None:
+            return False
+    return False
 
 
 def _wait_and_run(
@@ -150,10 +178,11 @@ def _defer(task: Task, request: Any, delay: float, job: JobLimit, key: str) -> A
     the signature sent; None when the broker would not take it (the caller then waits in
     the worker)."""
     deferrals = int(getattr(request, DEFERRALS_HEADER, None) or 0) + 1
-    headers = {**(request.headers or {}), DEFERRALS_HEADER: deferrals}
     signature = task.signature_from_request(
-        request, None, None, countdown=delay, retries=request.retries, headers=headers
+        request, None, None, countdown=delay, retries=request.retries
     )
+    options = signature.options
+    options["headers"] = {**(options.get("headers") or {}), DEFERRALS_HEADER: deferrals}
     try:
         signature.apply_async()
     except Exception as exc:

@@ -439,3 +439,43 @@ def test_the_default_limiter_is_the_processes(
         assert default.peek("defaulted", 3, 60).remaining == 2
     finally:
         default.close()
+
+
+def test_a_bound_tasks_run_called_in_another_tasks_body_waits_there(
+    app: Celery, limiter: quota.Limiter, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[Any, ...]] = []
+
+    @app.task(bind=True, name="inner")
+    @rate_limited("1/second", key=lambda *a, **k: seen.append(a) or "inner", limiter=limiter)
+    def inner(self: Any, x: int) -> int:
+        return x
+
+    @app.task(bind=True, name="outer")
+    def outer(self: Any) -> list[int]:
+        real = app.tasks["inner"]
+        return [real.run(1), real.run(2)]
+
+    def no_sending(sig: Any) -> None:
+        raise AssertionError(f"sent {sig!r}")
+
+    monkeypatch.setattr("celery.canvas.Signature.apply_async", no_sending)
+    assert _in_worker(outer) == [1, 2]  # the outer task is not deferred: the inner call waited
+    assert seen == [(1,), (2,)]
+    assert len(fake_time.slept) == 1
+
+
+def test_a_deferral_passes_through_autoretry_for(
+    app: Celery, limiter: quota.Limiter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @app.task(bind=True, name="auto", autoretry_for=(Exception,), max_retries=0)
+    @rate_limited("1/second", limiter=limiter)
+    def auto(self: Any) -> None: ...
+
+    sent: list[Any] = []
+    monkeypatch.setattr("celery.canvas.Signature.apply_async", lambda sig: sent.append(sig))
+    _in_worker(auto)
+    with pytest.raises(Retry):
+        _in_worker(auto)
+    (signature,) = sent
+    assert signature.options["retries"] == 0
