@@ -24,8 +24,10 @@ from typing import Any
 from celery import Celery
 from celery._state import get_current_task
 from celery.exceptions import Retry
+from celery.signals import worker_init
 
 import quota
+from quota.contrib import _jobs
 from quota.contrib.celery import DEFERRALS_HEADER, rate_limited
 from tests.contrib._jobs_support import record
 
@@ -43,6 +45,21 @@ app.conf.update(
 
 #: The limiter the tasks name: opened on first use, in the worker (solo pool: no fork).
 LIMITER = quota.connect(STORE, pool_size=1) if STORE else None
+
+
+@worker_init.connect
+def _open_connections(**_: Any) -> None:
+    """Opens the limiters' connections before the worker takes a task.
+
+    A limiter's first statement opens its connection after reading its clock: on a
+    cold worker the first admission is counted at the instant before a connection
+    was made, which may be in the second before its body starts.
+    """
+    if LIMITER is not None:
+        LIMITER.peek("warm-up", 1, 1)
+    if os.environ.get("QUOTA_DATABASE_URL"):
+        _jobs.default_limiter().peek("warm-up", 1, 1)
+    record(JOURNAL, event="warm", at=time.time(), pid=os.getpid())
 
 
 def _line(event: str, **fields: Any) -> None:

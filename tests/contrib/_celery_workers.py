@@ -2,7 +2,8 @@
 
 `Workers` starts `count` solo workers (``nodeN@%h``, one process each, their own
 session) consuming one queue of its own, configured by environment variables
-(`tests.contrib._celery_app`), waits until each logs ``ready.``, and kills every
+(`tests.contrib._celery_app`), waits until each logs ``ready.`` (and wrote its ``warm``
+line to the journal), and kills every
 worker's process group when its ``with`` block ends, however it ends.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 from celery import Celery
 
 from tests._support import parent_death_signal
+from tests.contrib._jobs_support import read
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 30.0
@@ -90,6 +92,9 @@ class Workers:
             for node in list(waiting):
                 if "ready." in self.log(node).read_text(errors="replace"):
                     waiting.discard(node)
+            if not waiting:  # and each opened its limiters' connections (worker_init)
+                warm = {line["pid"] for line in read(self.journal) if line["event"] == "warm"}
+                waiting = {node for node, proc in self.procs.items() if proc.pid not in warm}
             dead = self.alive()
             assert dead is None, dead
             assert time.monotonic() < deadline, f"{sorted(waiting)} not ready: {self.tails()}"
