@@ -11,8 +11,15 @@ taken for a task that is then denied by a rate is given back at once.
 The delay of a deferral:
 
 - denied by a rate: when the rate's slot opens (`Decision.retry_after_exact`), plus
-  a jitter of up to one slot's share of the window (between 50 ms and 1 s), so that
-  the deferred tasks of one key do not all come back in the same instant;
+  one window for each `limit` tasks already deferred on the key and not yet due, plus
+  a jitter of up to one slot's share of the window (between 50 ms and 1 s). The
+  deferred tasks of a key thus form a queue: each takes a ticket (`queue_key`, a GCRA
+  counter draining at the rate that denied it: one more statement per deferral) that
+  says how many are ahead of it, and comes back in the window where its turn should
+  be, instead of every deferred task coming back at each slot to be denied again.
+  The order is kept only roughly (a task admitted at once takes a slot a ticket
+  counted on, and a task that loses its slot takes a new ticket), and a ticket that
+  cannot be taken (the store failing) leaves the plain delay;
 - no concurrency slot free: `BUSY_DELAY` seconds, plus up to as much again of jitter
   (a lease frees no sooner than its holder ends, which nobody can foretell);
 - the store failing (`quota.StorageError`, which a limiter with a fallback does
@@ -28,8 +35,10 @@ an hour by default), and a short delay costs one statement.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
+import math
 import os
 import random
 import threading
@@ -38,8 +47,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from quota._core.algorithms import Rate
-from quota._core.decision import Decision
+from quota._core.algorithms import GCRA, Rate
+from quota._core.decision import MAX_LIMIT, Decision
 from quota._core.errors import ConfigurationError, RateLimitTimeout, StorageError
 from quota._core.leases import MAX_LEASE, MAX_SLOTS, MIN_LEASE
 from quota._core.rates import as_rates
@@ -59,6 +68,20 @@ MAX_DELAY = 300.0
 MIN_JITTER, MAX_JITTER = 0.05, 1.0
 
 Key = str | Callable[..., str] | None
+
+
+def queue_key(key: str) -> str:
+    """The key of the ticket counter of the tasks deferred on `key`."""
+    return f"{key}:deferred"
+
+
+@functools.lru_cache(maxsize=256)
+def queue_rate(limit: int, window: int) -> Rate:
+    """The ticket counter of a key that a rate of `limit` per `window` denied: a GCRA
+    that drains at that rate and holds `MAX_DELAY` seconds of tickets (and more: a
+    ticket it denies only means the task is at least that far back)."""
+    burst = min(MAX_LIMIT, math.ceil(limit * MAX_DELAY / window) + limit)
+    return Rate(limit=limit, window=window, algorithm=GCRA, burst=burst)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +217,15 @@ class JobLimit:
             except RateLimitTimeout as exc:
                 if block is not None:
                     block.__exit__(None, None, None)
-                return self._denied(exc)
+                block = None
+                decision = exc.decision
+                if decision is None:
+                    return self._denied(None, None)
+                try:
+                    ticket = limiter.hit(queue_key(key), _queue_rate(decision))
+                except StorageError:
+                    ticket = None
+                return self._denied(decision, ticket)
         except StorageError as exc:
             if block is not None and block.holder is not None:
                 block.__exit__(None, None, None)
@@ -217,18 +248,34 @@ class JobLimit:
             except RateLimitTimeout as exc:
                 if block is not None:
                     await block.__aexit__(None, None, None)
-                return self._denied(exc)
+                block = None
+                decision = exc.decision
+                if decision is None:
+                    return self._denied(None, None)
+                try:
+                    ticket = await limiter.hit(queue_key(key), _queue_rate(decision))
+                except StorageError:
+                    ticket = None
+                return self._denied(decision, ticket)
         except StorageError as exc:
             if block is not None and block.holder is not None:
                 await block.__aexit__(None, None, None)
             return self._store_failed(key, exc)
         return Admission(None, block=block)
 
-    def _denied(self, exc: RateLimitTimeout) -> Admission:
-        decision = exc.decision
-        wait = decision.retry_after_exact if decision is not None else BUSY_DELAY
-        wait = min(MAX_DELAY, max(0.0, wait))
-        return Admission(wait + self._jitter * random.random(), "rate", decision)
+    def _denied(self, decision: Decision | None, ticket: Decision | None) -> Admission:
+        """The deferral of a run `decision` denied; `ticket` its place in the key's queue."""
+        if decision is None:
+            wait = BUSY_DELAY
+        else:
+            wait = max(0.0, decision.retry_after_exact)
+            if ticket is not None:
+                if ticket.allowed:
+                    ahead = max(0, ticket.limit - 1 - ticket.remaining)
+                    wait += (ahead // max(1, decision.limit)) * decision.window
+                else:
+                    wait = MAX_DELAY
+        return Admission(min(MAX_DELAY, wait) + self._jitter * random.random(), "rate", decision)
 
     def _busy(self) -> Admission:
         return Admission(BUSY_DELAY * (1.0 + random.random()), "busy")
@@ -289,3 +336,7 @@ def default_async_limiter() -> AsyncLimiter:
     if limiter is None:
         limiter = _async[loop] = connect_async(default_url())
     return limiter
+
+
+def _queue_rate(decision: Decision) -> Rate:
+    return queue_rate(max(1, decision.limit), max(1, decision.window))

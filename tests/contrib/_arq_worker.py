@@ -8,7 +8,7 @@ tests/contrib/_jobs_support.py), ``ARQ_TEST_POLL_DELAY`` and ``ARQ_TEST_MAX_JOBS
 The jobs, each `quota.contrib.arq.rate_limited`:
 
 - ``paced(n)``: ``"5/second"`` on its default key (``"paced"``);
-- ``tight(n)``: ``"1/second"`` on ``"tight"``, registered with ``max_tries=2``;
+- ``tight(n)``: ``"1/second"`` on ``"tight"``, registered with ``max_tries=1``;
 - ``hold(n, seconds)``: ``concurrency=1, lease=2`` on ``"hold"``; sleeps `seconds`.
 
 Each registered job is an outer wrapper around the limited one: it writes a ``run``
@@ -89,7 +89,7 @@ async def _closed(ctx: dict[str, Any]) -> None:
 class WorkerSettings:
     functions: list[Function] = [  # noqa: RUF012 - arq reads class attributes
         func(_journaled("paced", paced), name="paced"),
-        func(_journaled("tight", tight), name="tight", max_tries=2),
+        func(_journaled("tight", tight), name="tight", max_tries=1),
         func(_journaled("hold", hold), name="hold"),
     ]
     redis_settings = RedisSettings(host="127.0.0.1", port=int(os.environ["ARQ_TEST_REDIS_PORT"]))

@@ -4,8 +4,8 @@ The fast tests call the decorated job in process, on a ``memory://`` limiter wit
 hand-moved clock. The others run arq worker processes (tests/contrib/_arq_worker.py)
 on a private redis-server, the limit kept in PostgreSQL, and read what the jobs did
 off a journal (tests/contrib/_jobs_support.py): 60 jobs at ``5/second`` shared by two
-workers; deferrals that cost no tries (a job registered with ``max_tries=2`` deferred
-three times and more still runs, at its first try); a concurrency slot freed a lease
+workers; deferrals that cost no tries (a job registered with ``max_tries=1``, so never
+run a second time, is deferred and still runs, at its first try); a concurrency slot freed a lease
 after its worker is SIGKILLed.
 """
 
@@ -205,9 +205,11 @@ def test_a_denied_run_raises_retry_deferred_to_the_slot_and_takes_its_try_back(
 
     defers = asyncio.run(main())
     assert ran == [0, 1, 2, 3, 4]
-    # The slot opens 0.7 s later (the next second); the jitter is up to a slot's share, 0.2 s.
-    assert all(0.7 <= d <= 0.9 for d in defers), defers
-    assert max(defers) - min(defers) > 0.02, defers  # jittered, not all at once
+    # The slot opens 0.7 s later (the next second), a window later for each 5 deferred
+    # before; the jitter is up to a slot's share, 0.2 s.
+    for k, d in enumerate(defers):
+        assert 0.7 + k // 5 <= d <= 0.9 + k // 5, defers
+    assert len(set(defers)) > 15, defers  # jittered, not all at once
     assert redis.decremented == ["arq:retry:j1"] * 20
 
 
@@ -425,10 +427,9 @@ def test_60_jobs_on_two_workers_start_at_most_5_a_second(pg_store_url: str) -> N
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_deferrals_are_not_tries(pg_store_url: str) -> None:
-    # "tight" is registered with max_tries=2 at "1/second": 7 jobs enqueued at once take 7
-    # aligned seconds, so the last starts 5 s or more after its first run, and a deferral
-    # lasts 2 s at most (the slot within 1 s, a jitter of up to 1 s): it is deferred 3 times
-    # or more.
+    # "tight" is registered with max_tries=1 at "1/second": of 7 jobs enqueued at once, one
+    # runs in each aligned second, so six are deferred, and a deferral that counted as a
+    # try would leave arq no try to run them with.
     count = 7
     with _arq(pg_store_url) as (workers, port):
         workers.start(2)
@@ -443,7 +444,7 @@ def test_deferrals_are_not_tries(pg_store_url: str) -> None:
     assert [r for r in runs if r["outcome"] == "failed"] == []
     deferrals = Counter(r["id"] for r in runs if r["outcome"] == "deferred")
     print(f"deferrals per job {sorted(deferrals.items())}")
-    assert max(deferrals.values()) >= 3, deferrals
+    assert len(deferrals) >= count - 1, deferrals
     bodies = [line for line in lines if line["event"] == "start"]
     assert sorted(line["id"] for line in bodies) == list(range(count))
     assert {line["job_try"] for line in [*bodies, *runs]} == {1}

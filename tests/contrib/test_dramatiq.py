@@ -503,10 +503,10 @@ def test_two_workers_run_60_messages_at_5_a_second_without_holding_a_thread(
     print(f"most messages deferred and waiting at once: {waiting}")
     assert waiting >= PACED // 2, waiting
 
-    # max_retries=1, yet messages were deferred many times and none failed: uncounted.
+    # max_retries=0, yet most messages were deferred and none failed: uncounted.
     deferred = Counter(x["id"] for x in runs if x["outcome"] == "deferred")
     print(f"deferrals per message: most {max(deferred.values())}, in all {sum(deferred.values())}")
-    assert max(deferred.values()) >= 3, deferred
+    assert len(deferred) >= PACED // 2, deferred
     assert {x["retries"] for x in runs} == {0}
     # dramatiq logs each deferral as one INFO line, never an error.
     assert logs.count("Retrying message") == sum(deferred.values()), logs[-3000:]

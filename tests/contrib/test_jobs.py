@@ -18,7 +18,7 @@ import pytest
 
 import quota
 from quota.contrib import _jobs
-from quota.contrib._jobs import BUSY_DELAY, STORE_DELAY, JobLimit
+from quota.contrib._jobs import BUSY_DELAY, STORE_DELAY, JobLimit, queue_key
 from tests._support import Clock
 
 
@@ -47,7 +47,10 @@ def test_a_rate_admits_its_limit_then_defers_to_its_next_slot_plus_jitter(
 ) -> None:
     job = _limit(limiter)
     assert job.admit("k").admitted and job.admit("k").admitted
-    denied = [job.admit("k") for _ in range(50)]
+    denied = []
+    for _ in range(50):
+        limiter.reset(queue_key("k"))  # each the first in the queue
+        denied.append(job.admit("k"))
     for admission in denied:
         assert admission.reason == "rate" and admission.decision is not None
         assert not admission.decision.allowed
@@ -55,6 +58,49 @@ def test_a_rate_admits_its_limit_then_defers_to_its_next_slot_plus_jitter(
         assert admission.delay is not None and 0.75 <= admission.delay <= 0.75 + 0.5
     assert len({a.delay for a in denied}) > 40  # spread, not one instant
     assert limiter.peek("k", 2, 1).count == 2  # deferrals charge nothing
+
+
+def test_deferred_runs_queue_up_limit_per_window(limiter: quota.Limiter, clock: Clock) -> None:
+    job = _limit(limiter, "5/second")
+    assert all(job.admit("k").admitted for _ in range(5))
+    delays = [job.admit("k").delay for _ in range(23)]
+    # The k-th deferred run comes back in the k // 5-th window after the next one.
+    for k, delay in enumerate(delays):
+        assert delay is not None
+        assert 0.75 + k // 5 <= delay <= 0.75 + k // 5 + 0.2, (k, delay)
+    # The queue drains at the rate: 2 s on, 10 of its 23 are due, and a run deferred
+    # now goes after the 13 left.
+    clock.advance(2.0)
+    assert all(job.admit("k").admitted for _ in range(5))
+    late = job.admit("k").delay
+    assert late is not None and 0.75 + 13 // 5 <= late <= 0.75 + 13 // 5 + 0.2
+
+
+def test_a_queue_longer_than_max_delay_defers_by_max_delay(limiter: quota.Limiter) -> None:
+    job = _limit(limiter, "1/minute")
+    assert job.admit("k").admitted
+    delays = [job.admit("k").delay for _ in range(8)]
+    assert delays[0] is not None and 59.75 <= delays[0] <= 60.75  # the next minute
+    for delay in delays[5:]:  # 5 minutes of tickets ahead of each
+        assert delay is not None and _jobs.MAX_DELAY <= delay <= _jobs.MAX_DELAY + 1
+
+
+def test_a_ticket_the_store_fails_leaves_the_plain_delay(
+    limiter: quota.Limiter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _limit(limiter)
+    assert job.admit("k").admitted and job.admit("k").admitted
+    hit = limiter.hit
+
+    def failing(key: str, *args: object, **kwargs: object) -> quota.Decision:
+        if key == queue_key("k"):
+            raise quota.StorageError("the tickets table is gone")
+        return hit(key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(limiter, "hit", failing)
+    for _ in range(10):
+        delay = job.admit("k").delay
+        assert delay is not None and 0.75 <= delay <= 1.25
 
 
 @pytest.mark.parametrize(
@@ -66,6 +112,7 @@ def test_the_jitter_is_one_slots_share_between_50ms_and_1s(
     job = _limit(limiter, rates)
     delays = []
     while len(delays) < 200:
+        limiter.reset(queue_key("k"))
         admission = job.admit("k")
         if not admission.admitted:
             assert admission.decision is not None and admission.delay is not None
