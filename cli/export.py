@@ -153,8 +153,8 @@ def _writable(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     help="Write to FILE (it appears when the export is complete); default: stdout.",
 )  # fmt: skip
 @click.option(
-    "--batch-size", type=Whole(minimum=1), default=DEFAULT_BATCH_SIZE, show_default=True,
-    help=f"Rows per read (at most {MAX_BATCH_SIZE:,}).",
+    "--batch-size", type=Whole(minimum=1, maximum=MAX_BATCH_SIZE), default=DEFAULT_BATCH_SIZE,
+    show_default=True, help=f"Rows per read (at most {MAX_BATCH_SIZE:,}).",
 )  # fmt: skip
 @_progress_option
 @url_option

@@ -149,7 +149,7 @@ def test_subject_and_the_range_bounds_select_as_the_library_does(url: str) -> No
         (["--from", "2025-06-17", "--to", "2025-06-16"], "--to", "2025-06-16"),
         ([*RANGE, "--format", "xml"], "--format", "xml"),
         ([*RANGE, "--batch-size", "0"], "--batch-size", "0"),
-        ([*RANGE, "--batch-size", "100001"], "batch_size", "100001"),
+        ([*RANGE, "--batch-size", "100001"], "--batch-size", "100001"),
         ([*RANGE, "--subject", ""], "subject", "''"),
         (["--to", "2025-06-18"], "--from", ""),
     ],
