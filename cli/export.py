@@ -98,13 +98,23 @@ def _output(path: str) -> Iterator[IO[str]]:
         stream.flush()
         return
     target = Path(path)
-    if target.exists() and not target.is_file():
-        with open(target, "w", encoding="utf-8", newline="") as stream:
+    if target.is_symlink():  # replace the file it points to, not the link
+        target = target.resolve()
+    special = target.exists() and not target.is_file()
+    try:
+        if special:
+            stream = open(target, "w", encoding="utf-8", newline="")  # noqa: SIM115
+        else:
+            handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            stream = os.fdopen(handle, "w", encoding="utf-8", newline="")
+    except OSError as exc:
+        raise click.UsageError(f"cannot write --output {path!r}: {exc.strerror or exc}") from None
+    if special:
+        with stream:
             yield stream
         return
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
+        with stream:
             yield stream
         os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, target)

@@ -8,8 +8,8 @@
 
 Durable quotas (money: LLM calls, paid API units) live apart from rate windows:
 ``limiter.consume_quota(subject, name, limit, "day", idempotency_key=...)``,
-``refund_quota``, ``grant_quota``, ``ledger``, ``export`` (for billing), and ``limiter.check(...)`` for
-several limits at once, all or nothing.
+``refund_quota``, ``grant_quota``, ``ledger``, ``export`` (usage and ledger
+for billing), and ``limiter.check(...)`` for several limits at once, all or nothing.
 
 See the documentation (docs/) for the async face, migrations and the CLI.
 """

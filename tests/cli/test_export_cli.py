@@ -182,6 +182,12 @@ def test_output_writes_a_file_that_appears_only_when_complete(
     assert result.exit_code == 2
     assert [json.loads(line) for line in target.read_text().splitlines()] == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["quota.db", "usage.jsonl"]
+    # Through a symbolic link, the file it points to is written; the link stays.
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    result = run(sqlite_url, *RANGE, "--subject", "bob", "--output", str(link))
+    assert result.exit_code == 0 and link.is_symlink()
+    assert {json.loads(line)["subject"] for line in target.read_text().splitlines()} == {"bob"}
     # A folder that does not exist is a usage error naming it.
     missing = run(sqlite_url, *RANGE, "--output", str(tmp_path / "no" / "x.csv"))
     assert missing.exit_code == 2 and "does not exist" in missing.output
