@@ -173,6 +173,29 @@ def test_the_range_includes_its_start_and_excludes_its_end(b: Backend, clock: Cl
     ]
 
 
+def test_ledger_entries_out_of_time_order_are_kept_by_their_time(b: Backend, clock: Clock) -> None:
+    """Servers whose clocks disagree write entries whose ids and times are in different orders:
+    an entry just outside the range, between two inside it, is left out."""
+    since, until = MIDNIGHT + 3600, MIDNIGHT + 2 * 3600
+    for moment in (since + 1, until, since - 0.001, since, until - 0.001, since + 2):
+        clock.now = moment
+        call(b, "consume_quota", "alice", "calls", 100, "day")
+    for size in (1, 2, 1000):
+        entries = export(b, since, until, ledger=True, batch_size=size)
+        assert [e.at for e in entries if e.type == "ledger"] == [
+            since + 1,
+            since,
+            until - 0.001,
+            since + 2,
+        ]
+        assert [e.at for e in export(b, since, until, subject="alice", ledger=True)] == [
+            since + 1,
+            since,
+            until - 0.001,
+            since + 2,
+        ]
+
+
 def test_a_subject_keeps_its_own_records(b: Backend, clock: Clock) -> None:
     fill(b, clock)
     everything = export(b, MIDNIGHT, MIDNIGHT + 3 * DAY, ledger=True)
