@@ -277,6 +277,37 @@ def test_the_installed_command_exports(sqlite_url: str, tmp_path: Path) -> None:
     assert proc.returncode == 2 and "'--from'" in proc.stderr and "2025-02-30" in proc.stderr
 
 
+def test_a_reader_that_goes_away_stops_the_export_quietly_with_141(sqlite_url: str) -> None:
+    """``quota export … | head -1``: exit 141, nothing on stderr, as a Unix tool."""
+    path = sqlite_url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        series = (
+            "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000)"
+            " SELECT i FROM n)"
+        )
+        conn.execute(_LEDGER_ROWS.format(t0=MIDNIGHT, series=series))
+        conn.commit()
+    for fmt in ("jsonl", "csv"):
+        proc = subprocess.Popen(
+            [*_quota_command(), "export", *RANGE, "--ledger", "--format", fmt, "--url",
+             sqlite_url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            first = proc.stdout.readline()
+            proc.stdout.close()  # as `head -1` does once it has its line
+            err = proc.stderr.read()
+            code = proc.wait(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            proc.stderr.close()
+        assert first.startswith(b'{"type": "ledger"' if fmt == "jsonl" else b"type,")
+        assert (code, err) == (141, b"")
+
+
 #: The most memory ``quota export`` may take, whatever the size of the export.
 MAX_RSS = 100 * 1024 * 1024
 
