@@ -531,7 +531,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         (``type`` ``"ledger"``) for each ledger entry whose time ``at`` is in
         ``[since, until)``, by id. `subject` keeps one subject's. A ledger
         entry's ``id`` is stable: use it as a billing meter event's idempotency
-        identifier, so that a range exported twice is billed once.
+        identifier, so that an upload retried is counted once.
 
         `since` and `until` are datetimes with a time zone, dates (midnight UTC)
         or epoch seconds. The rows are read `batch_size` at a time, each batch

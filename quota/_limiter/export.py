@@ -99,8 +99,7 @@ class LedgerRecord:
     ``rate_denied``, as ``quota_ledger`` stores it.
 
     `id` is stable and unique: use it as the idempotency identifier of a
-    billing meter event, so that exporting an overlapping range twice bills
-    nothing twice. A charge that was refunded keeps its ``consume`` entry
+    billing meter event, so that an upload retried is counted once. A charge that was refunded keeps its ``consume`` entry
     (with `refunded_at` set) and gets a ``refund`` entry of its own, dated
     when the refund was made and holding the charge's `period_start`.
     """
