@@ -531,13 +531,13 @@ class Limiter(LimiterBase[SyncStore]):
         transaction or connection is held between batches, and memory holds one
         batch whatever the size of the export. So the export is no snapshot: a
         row written meanwhile may or may not be in it, and a period still running
-        is exported as it stands when read. Export ranges that have ended (and,
-        for the ledger, a minute more than the clocks of your servers disagree).
+        is exported as it stands when read. Export ranges that have ended, once
+        the clocks of all your servers are past their end.
 
-        Raises `ConfigurationError` naming the bad argument (a naive datetime, an
-        `until` not after `since`) when called, and from the first record on:
+        Raises `ConfigurationError` naming the bad argument when called (a naive
+        datetime, an `until` not after `since`). While iterating, raises
         `ConfigurationError` on a store without durable quotas (``memory://``,
-        ``redis://``), `StorageError` when the database fails.
+        ``redis://``) and `StorageError` when the database fails.
         """
         plan = _export_ops.plan(since, until, subject=subject, ledger=ledger, batch_size=batch_size)
         return self._export_batches(plan)
