@@ -170,12 +170,13 @@ _progress_option = click.option(
 
 
 class Whole(click.types.IntParamType):
-    """A whole number in ASCII digits, at least `minimum` (click's ``int`` reads U+0661 U+0660 as 10)."""
+    """A whole number in ASCII digits in ``minimum..maximum`` (click's ``int`` reads U+0661 U+0660 as 10)."""
 
     name = "integer"
 
-    def __init__(self, minimum: int | None = None) -> None:
+    def __init__(self, minimum: int | None = None, maximum: int | None = None) -> None:
         self.minimum = minimum
+        self.maximum = maximum
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -186,6 +187,8 @@ class Whole(click.types.IntParamType):
             self.fail(f"{value!r} is not a whole number (ASCII digits)", param, ctx)
         if self.minimum is not None and number < self.minimum:
             self.fail(f"{number} is less than {self.minimum}", param, ctx)
+        if self.maximum is not None and number > self.maximum:
+            self.fail(f"{number} is more than {self.maximum}", param, ctx)
         return number
 
 

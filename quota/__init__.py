@@ -8,8 +8,8 @@
 
 Durable quotas (money: LLM calls, paid API units) live apart from rate windows:
 ``limiter.consume_quota(subject, name, limit, "day", idempotency_key=...)``,
-``refund_quota``, ``grant_quota``, ``ledger``, and ``limiter.check(...)`` for
-several limits at once, all or nothing.
+``refund_quota``, ``grant_quota``, ``ledger``, ``export`` (usage and ledger
+for billing), and ``limiter.check(...)`` for several limits at once, all or nothing.
 
 See the documentation (docs/) for the async face, migrations and the CLI.
 """
@@ -31,6 +31,7 @@ from quota._core.rates import parse_rates
 from quota._core.url import default_url
 from quota._limiter import AsyncLimiter, Limiter, Options, connect, connect_async
 from quota._limiter.default import rate_limit, rate_limit_async
+from quota._limiter.export import LedgerRecord, UsageRecord
 from quota._limiter.quota_types import (
     CheckDecision,
     LedgerEntry,
@@ -61,6 +62,7 @@ __all__ = [
     "Fallback",
     "Finding",
     "LedgerEntry",
+    "LedgerRecord",
     "Limiter",
     "Metrics",
     "Options",
@@ -76,6 +78,7 @@ __all__ = [
     "SchemaError",
     "StorageError",
     "Usage",
+    "UsageRecord",
     "connect",
     "connect_async",
     "current_revision",

@@ -43,6 +43,7 @@ ARGS: dict[str, list[str]] = {
     "grant": ["alice", "llm", "1", "-p", "day"],
     "refund": ["alice", "llm", "job-1"],
     "ledger": ["alice"],
+    "export": ["--from", "2026-01-01", "--to", "2026-02-01"],
     "policy list": [],
     "policy set": ["api", "--rates", "5/minute"],
     "policy delete": ["api"],
@@ -53,8 +54,9 @@ ARGS: dict[str, list[str]] = {
 }
 #: Commands that create or migrate the database they are given.
 CREATING = {"migrate", "demo", "bench"}
-#: Commands whose output a script would read.
-SCRIPTED = set(ARGS) - {"demo"}
+#: Commands whose output a script would read as one JSON document (``--json``); ``export``
+#: streams JSON lines or CSV (``--format``) instead.
+SCRIPTED = set(ARGS) - {"demo", "export"}
 
 
 def _leaves(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:

@@ -49,7 +49,9 @@ def test_demo_into_head_exits_quietly(tmp_path: Path) -> None:
         assert limiter.top(10) == []
 
 
-@pytest.mark.parametrize("command", sorted(ARGS))
+# (``export`` writes its records straight to the stream, not through click.echo: its
+# closed pipe is tested for real in tests/cli/test_export_cli.py.)
+@pytest.mark.parametrize("command", sorted(set(ARGS) - {"export"}))
 def test_every_command_exits_141_when_its_output_pipe_closes(
     command: str, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
