@@ -217,11 +217,16 @@ def _run_shards(root: Path, urls: dict[str, str], tmp_path: Path) -> Outcomes:
     """Run every shard at once, shard `name` on quota URL ``urls[name]``."""
     ini = tmp_path / "pytest.ini"
     ini.write_text(INI)
+    # limits' ``tests`` package is found from the cwd; our plugin by its own name, from a
+    # folder holding it alone (our tests folder on the path would make its ``http``
+    # package shadow the standard library's, which redis-py imports through PyJWT).
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / f"{PLUGIN}.py").write_text((TESTS_DIR / f"{PLUGIN}.py").read_text())
     env = {
         **os.environ,
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        # limits' ``tests`` package is found from the cwd; our plugin by its own name.
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
     }
     running: dict[str, tuple[subprocess.Popen[str], Path]] = {}
     try:
