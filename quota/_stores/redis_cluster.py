@@ -382,9 +382,20 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
         manager.connection_kwargs["connection_class"] = fresh
         for node in manager.startup_nodes.values():
             node.connection_class = fresh
+        self._ways_in = list(target.nodes)
 
     async def _send(self, name: str, args: tuple[Any, ...]) -> Any:
         client = self.client
+        manager = client.nodes_manager
+        if not manager.startup_nodes:
+            # redis-py 5.x forgets each node that fails a command as a way in; through a
+            # failover it can forget them all. The URL's nodes are the way in again.
+            from redis.asyncio.cluster import ClusterNode
+
+            for host, port in self._ways_in:
+                node = ClusterNode(host, port, **manager.connection_kwargs)
+                manager.startup_nodes[node.name] = node
+            client._initialize = True
         # Discover the cluster (again, after a failure) before the command, under the
         # client's lock: tasks racing into redis.asyncio's lazy discovery with their
         # commands can lose their connections to each other.
@@ -436,11 +447,18 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
                 if isinstance(exc, (ConnectionError, TimeoutError)):
                     # As the client does for a command: learn the cluster again before
                     # the next call (a failover may have moved the node's slots).
-                    await node.disconnect_free_connections()
-                    # redis-py (checked against 7.4.1) has no public way to ask a client to
-                    # discover the cluster again at its next `initialize()`: its own
-                    # execute_command sets this flag after a connection error.
-                    client._initialize = True
+                    free = getattr(node, "disconnect_free_connections", None)
+                    if free is not None:
+                        await free()
+                        # redis-py 6+ (checked against 7.4.1) has no public way to ask a
+                        # client to discover the cluster again at its next `initialize()`:
+                        # its own execute_command sets this flag after a connection error.
+                        client._initialize = True
+                    else:
+                        # redis-py 5.x, as its own execute_command does: close every
+                        # connection, discover again.
+                        with contextlib.suppress(*self._errors, OSError):
+                            await client.aclose()
             for command in batch:
                 replies[command.position] = command.result
 

@@ -639,7 +639,9 @@ def test_a_master_killed_under_async_group_commit_with_a_fallback_bridges_and_co
         async def until(condition: Callable[[], bool], what: str) -> None:
             deadline = time.monotonic() + DEADLINE
             while not condition():
-                assert time.monotonic() < deadline, f"not within {DEADLINE}s: {what}"
+                assert time.monotonic() < deadline, (
+                    f"not within {DEADLINE}s: {what} {store.health.last_error!r}"
+                )
                 await asyncio.sleep(0.01)
 
         worker = asyncio.ensure_future(hits())
