@@ -639,6 +639,23 @@ class Limiter(LimiterBase[SyncStore]):
         )
         return self.store.run(op, transaction=False, maintenance=True)
 
+    def cleanup_events(
+        self,
+        *,
+        older_than: int = _thresholds.DEFAULT_EVENT_RETENTION,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        dry_run: bool = False,
+    ) -> CleanupResult:
+        """Delete threshold events delivered more than `older_than` seconds ago (default
+        30 days); an event not delivered yet is never deleted. Like `cleanup`, it runs
+        without a fallback's time budget. Raises `SchemaError` before ``quota migrate``
+        made the outbox.
+        """
+        op = _thresholds.cleanup_events(
+            self._clock(), older_than, batch_size=batch_size, dry_run=dry_run
+        )
+        return self.store.run(op, transaction=False, maintenance=True)
+
     def check(
         self,
         *limits: _types.RateWindow | _types.QuotaLimit,
