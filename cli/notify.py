@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 
 import click
@@ -59,8 +60,24 @@ def notify(
     jitter up to --max-backoff; an event is never dropped. With --json,
     --once prints {"claimed": …, "delivered": …, "failed": …}.
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     echo = Echo()
+    # The worker's lines (each event delivered or failed) on stderr, for this run only.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger = logging.getLogger("quota.notify")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        _notify_with(ctx, echo, webhook, secret, once, lease, timeout, max_backoff, batch, as_json)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _notify_with(
+    ctx: click.Context, echo: Echo, webhook: str, secret: str | None, once: bool, lease: int,
+    timeout: int, max_backoff: int, batch: int, as_json: bool,
+) -> None:  # fmt: skip
     with _errors(), _limiter(ctx) as limiter:
         worker = _notify.Notifier(
             limiter, webhook, secret=secret or None, lease=lease, timeout=timeout,
