@@ -60,7 +60,7 @@ def running(secret: str | None = None, statuses: list[int] | None = None) -> Ite
     receiver = Receiver(secret, statuses)
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             status = receiver._handle(raw, self.headers.get("Quota-Signature"))
             try:
