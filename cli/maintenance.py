@@ -218,8 +218,9 @@ def cleanup(
         events = _cleanup_events(limiter, ledger_older_than, batch_size, dry_run)
         if events is not None:
             data["events"] = asdict(events)
-            verb = "would be deleted" if events.dry_run else "deleted"
-            text += f"\n{events.expired} delivered threshold event(s) {verb}"
+            if events.expired:  # a line only when there were some: most runs have none
+                verb = "would be deleted" if events.dry_run else "deleted"
+                text += f"\n{events.expired} delivered threshold event(s) {verb}"
         echo.emit(data, as_json, text)
 
     with _errors(), _limiter(ctx) as limiter:
