@@ -102,9 +102,10 @@ def test_bad_thresholds_name_the_argument_and_value(given: Any, named: str) -> N
         quota.QuotaLimit("s", "n", 10, "day", thresholds=given)
 
 
-def test_bad_thresholds_fail_the_call_before_any_statement(backend: Backend) -> None:
+@pytest.mark.parametrize("bad", [(0.5, 2), 0, 0.8, "", False])
+def test_bad_thresholds_fail_the_call_before_any_statement(backend: Backend, bad: Any) -> None:
     with pytest.raises(quota.ConfigurationError, match="thresholds"):
-        consume(backend, "s", "n", 10, "day", thresholds=(0.5, 2))
+        consume(backend, "s", "n", 10, "day", thresholds=bad)
     assert db_rows(backend.url, "SELECT count(*) FROM quota_usage") == [(0,)]
 
 
