@@ -11,6 +11,7 @@ from . import policy  # noqa: F401  (registers `quota policy`)
 from . import rate as _rate  # noqa: F401  (registers `quota hit/peek/reset/top`)
 from .doctor import doctor as _doctor  # noqa: F401  (registers `quota doctor`)
 from .main import main
+from .notify import notify as _notify  # noqa: F401  (registers `quota notify`)
 from .quotas import usage as _usage  # noqa: F401  (registers `quota usage/grant/refund/ledger`)
 
 __all__ = ["main"]

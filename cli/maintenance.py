@@ -176,7 +176,9 @@ def cleanup(
 
     The quota ledger is kept forever unless --ledger-older-than is given:
     then its entries older than that go too (idempotency keys of charges
-    deleted with them are forgotten).
+    deleted with them are forgotten). Threshold events delivered by
+    `quota notify` go once older than --ledger-older-than (30 days without
+    it); events not delivered yet are kept.
 
     On PostgreSQL only one cleanup runs at a time: a second one says so and
     exits 0. Ctrl-C stops a cleanup between two batches (every batch deleted
@@ -213,6 +215,12 @@ def cleanup(
             data["ledger"] = asdict(kept)
             verb = "would be deleted" if kept.dry_run else "deleted"
             text += f"\n{kept.expired} ledger entr{'y' if kept.expired == 1 else 'ies'} {verb}"
+        events = _cleanup_events(limiter, ledger_older_than, batch_size, dry_run)
+        if events is not None:
+            data["events"] = asdict(events)
+            if events.expired:  # a line only when there were some: most runs have none
+                verb = "would be deleted" if events.dry_run else "deleted"
+                text += f"\n{events.expired} delivered threshold event(s) {verb}"
         echo.emit(data, as_json, text)
 
     with _errors(), _limiter(ctx) as limiter:
@@ -229,6 +237,21 @@ def cleanup(
             sys.exit(EXIT_INTERRUPTED)
         except _Stopped:
             echo.err(f"stopped mid-sweep: {sweep.summary()}")
+
+
+def _cleanup_events(
+    limiter: quota.Limiter, older_than: int | None, batch_size: int, dry_run: bool
+) -> quota.CleanupResult | None:
+    """Delete delivered threshold events; None on a database without the outbox yet
+    (a revision before 0008_thresholds: nothing to delete, nothing to report)."""
+    try:
+        if older_than is None:
+            return limiter.cleanup_events(batch_size=batch_size, dry_run=dry_run)
+        return limiter.cleanup_events(older_than=older_than, batch_size=batch_size, dry_run=dry_run)
+    except quota.SchemaError as exc:
+        if exc.outage or "quota_events comes with revision" not in str(exc):
+            raise
+        return None
 
 
 #: SQLSTATE classes and codes no retry mends: invalid authorization (28), a database or

@@ -10,6 +10,8 @@ Durable quotas (money: LLM calls, paid API units) live apart from rate windows:
 ``limiter.consume_quota(subject, name, limit, "day", idempotency_key=...)``,
 ``refund_quota``, ``grant_quota``, ``ledger``, ``export`` (usage and ledger
 for billing), and ``limiter.check(...)`` for several limits at once, all or nothing.
+A quota's ``thresholds`` fire a ``ThresholdEvent`` once per period (``quota.notify``
+delivers them to a webhook).
 
 See the documentation (docs/) for the async face, migrations and the CLI.
 """
@@ -40,6 +42,7 @@ from quota._limiter.quota_types import (
     QuotaUsage,
     RateWindow,
     RefundResult,
+    ThresholdEvent,
 )
 from quota._sql.migrate import current_revision, downgrade, migrate
 from quota._sql.ops import CleanupResult, Usage
@@ -77,6 +80,7 @@ __all__ = [
     "RefundResult",
     "SchemaError",
     "StorageError",
+    "ThresholdEvent",
     "Usage",
     "UsageRecord",
     "connect",

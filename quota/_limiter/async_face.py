@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from decimal import Decimal
 from typing import Any, ParamSpec, TypeVar
 
 from quota._core import algorithms as _algorithms
@@ -40,6 +41,7 @@ from quota._limiter import base as _base
 from quota._limiter import export as _export_ops
 from quota._limiter import quota_types as _types
 from quota._limiter import quotas as _quotas
+from quota._limiter import thresholds as _thresholds
 from quota._limiter.base import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_GRACE,
@@ -50,6 +52,7 @@ from quota._limiter.base import (
     async_memory_fallback,
     async_settle,
     async_sleep,
+    async_threshold,
     check_async_target,
     check_cost,
     check_wait,
@@ -468,6 +471,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
     async def consume_quota(
         self, subject: str, name: str, limit: int, period: Duration, cost: int = 1,
         idempotency_key: str | None = None, tz: str | None = None,
+        thresholds: Sequence[float | int | Decimal] = (),
     ) -> _types.QuotaDecision:  # fmt: skip
         """Charge `cost` units of `subject`'s quota `name`, allowing at most `limit` per `period`.
 
@@ -480,15 +484,60 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         ``replayed``, and the charge is made once. The usage and its ledger
         entry are written in one transaction.
 
+        `thresholds` are fractions of the limit with grants (numbers in (0, 1],
+        ``(0.8, 0.9, 1.0)``): a charge that takes usage to ``threshold * (limit +
+        granted)`` or past it fires the threshold, once per period, writing a
+        `quota.ThresholdEvent` to the outbox in the same transaction; the
+        decision's ``fired`` lists the events this call fired, and the
+        ``on_threshold`` callback (see `quota.connect`) gets each after the
+        commit. A refund or grant that takes usage back below a threshold
+        re-arms it.
+
         Raises `ConfigurationError` naming the bad argument (unknown period or
         zone, a limit or cost that is not a positive int, a cost above the
-        limit), `StorageError` when the database fails (nothing is written).
+        limit, bad thresholds), `StorageError` when the database fails (nothing
+        is written), `SchemaError` with thresholds on a database not migrated
+        to the outbox yet (run ``quota migrate``).
         """
         now = self._clock()
         make = functools.partial(
-            _quotas.consume, subject, name, limit, period, cost, idempotency_key, tz, now
-        )
-        return await arun(self.store, make(), again=make)
+            _quotas.consume, subject, name, limit, period, cost, idempotency_key, tz, now,
+            thresholds,
+        )  # fmt: skip
+        decision = await arun(self.store, make(), again=make)
+        if decision.fired:
+            self._events = True
+            if self._on_threshold is not None:
+                await self._tell_fired(decision.fired)
+        return decision
+
+    async def _tell_fired(self, events: Sequence[_types.ThresholdEvent]) -> None:
+        """Hand each event to ``on_threshold``, after the commit; whatever it raises is
+        logged, never raised into the caller (the outbox keeps the event anyway)."""
+        assert self._on_threshold is not None
+        for event in events:
+            try:
+                await async_threshold(self._on_threshold, event)
+            except Exception:
+                log.exception(
+                    "quota: on_threshold raised for the %s threshold of %r %r (event %d)",
+                    event.threshold, event.subject, event.quota, event.id,
+                )  # fmt: skip
+
+    async def _events_ready(self) -> bool:
+        """Whether the outbox table is there (refunds and grants then re-arm thresholds).
+
+        Known once true; until then asked each time (one small statement, only on a
+        database not yet migrated to it), so a migration made while running is seen.
+        """
+        if self._events:
+            return True
+        try:
+            await self.store.run(_thresholds.probe(), transaction=False)
+        except (SchemaError, ConfigurationError):
+            return False  # not migrated yet, or a store without durable quotas
+        self._events = True
+        return True
 
     async def refund_quota(
         self, subject: str, name: str, idempotency_key: str
@@ -498,14 +547,23 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         Refunding an unknown key, or a key already refunded, does nothing and
         says so in the result's ``status``. The key is free again afterwards.
         """
-        make = functools.partial(_quotas.refund, subject, name, idempotency_key, self._clock())
+        rearm = await self._events_ready()
+        make = functools.partial(
+            _quotas.refund, subject, name, idempotency_key, self._clock(), rearm=rearm
+        )
         return await arun(self.store, make(), again=make)
 
     async def grant_quota(
         self, subject: str, name: str, amount: int, period: Duration, tz: str | None = None
     ) -> _types.QuotaUsage:
-        """Add `amount` units to `subject`'s quota `name` for the current `period` only."""
-        make = functools.partial(_quotas.grant, subject, name, amount, period, tz, self._clock())
+        """Add `amount` units to `subject`'s quota `name` for the current `period` only.
+
+        Thresholds usage is now below (the limit with grants grew) are re-armed.
+        """
+        rearm = await self._events_ready()
+        make = functools.partial(
+            _quotas.grant, subject, name, amount, period, tz, self._clock(), rearm=rearm
+        )
         return await arun(self.store, make(), again=make)
 
     async def quota_usage(
@@ -591,6 +649,23 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         )
         return await self.store.run(op, transaction=False, maintenance=True)
 
+    async def cleanup_events(
+        self,
+        *,
+        older_than: int = _thresholds.DEFAULT_EVENT_RETENTION,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        dry_run: bool = False,
+    ) -> CleanupResult:
+        """Delete threshold events delivered more than `older_than` seconds ago (default
+        30 days); an event not delivered yet is never deleted. Like `cleanup`, it runs
+        without a fallback's time budget. Raises `SchemaError` before ``quota migrate``
+        made the outbox.
+        """
+        op = _thresholds.cleanup_events(
+            self._clock(), older_than, batch_size=batch_size, dry_run=dry_run
+        )
+        return await self.store.run(op, transaction=False, maintenance=True)
+
     async def check(
         self,
         *limits: _types.RateWindow | _types.QuotaLimit,
@@ -605,13 +680,26 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         first limit that denied and the longest ``retry_after``. Rows are
         touched in one fixed order, so concurrent checks never deadlock. An
         `idempotency_key` (which needs a `QuotaLimit`) makes retries return
-        the original outcome without charging again.
+        the original outcome without charging again. A `QuotaLimit` with
+        ``thresholds`` fires them as `consume_quota` does (its decision's
+        ``fired``).
         """
         make = functools.partial(
             _quotas.check, limits, cost, idempotency_key, self._clock(),
             record_rate_denials=self._record_denials,
         )  # fmt: skip
-        return await arun(self.store, make(), again=make)
+        result = await arun(self.store, make(), again=make)
+        fired = [
+            event
+            for decision in result.decisions
+            if isinstance(decision, _types.QuotaDecision)
+            for event in decision.fired
+        ]
+        if fired:
+            self._events = True
+            if self._on_threshold is not None:
+                await self._tell_fired(fired)
+        return result
 
     async def run(self, op: Op[T], *, transaction: bool = False, strict: bool = False) -> T:
         """Run `op`, an operation of `quota._sql.statements` statements (see `quota._stores.base`), on the store.

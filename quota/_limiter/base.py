@@ -26,6 +26,7 @@ from quota._core.algorithms import Rate, open_decision
 from quota._core.decision import MAX_LIMIT, Decision, check_int, check_now
 from quota._core.errors import ConfigurationError
 from quota._core.url import StoreURL, check_schema
+from quota._limiter.quota_types import ThresholdEvent
 from quota._stores import base as _stores
 from quota._stores.base import AsyncStore, StoreSettings, SyncStore
 from quota._stores.pool import DEFAULT_IDLE_TIMEOUT
@@ -36,6 +37,8 @@ from quota._wrappers.metrics import Metrics
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], object]
+#: ``on_threshold=``: called with each `quota.ThresholdEvent` a call fired, after its commit.
+OnThreshold = Callable[[ThresholdEvent], object]
 log = logging.getLogger("quota")
 #: ``clock="database"``: take the time from the database inside each statement.
 DATABASE_CLOCK = "database"
@@ -94,6 +97,13 @@ class Options:
     """What `acquire` calls to wait that many seconds: a plain function, called (never
     awaited) by both faces. Inject one beside ``clock`` in tests (it should advance that
     clock). None: ``time.sleep`` on the sync face, ``asyncio.sleep`` on the async one."""
+    on_threshold: OnThreshold | None = None
+    """Called with each `quota.ThresholdEvent` a call fired, after the call's transaction
+    committed (never for one rolled back), in the calling thread or task, before the
+    call returns. On `quota.AsyncLimiter` it may be a plain function or a coroutine
+    function (awaited); on `quota.Limiter` a plain function. Whatever it raises is
+    logged (logger ``quota``) and never reaches the caller; the event stays in the
+    outbox either way, for ``quota notify``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.count_denied, bool):
@@ -139,6 +149,11 @@ class Options:
         if self.sleep is not None and not callable(self.sleep):
             raise ConfigurationError(
                 f"sleep must be a callable taking seconds, or None, got {self.sleep!r}"
+            )
+        if self.on_threshold is not None and not callable(self.on_threshold):
+            raise ConfigurationError(
+                f"on_threshold must be a callable taking a quota.ThresholdEvent, or None,"
+                f" got {self.on_threshold!r}"
             )
         if self.durability not in DURABILITY_MODES:
             raise ConfigurationError(
@@ -187,6 +202,7 @@ class OptionsDict(TypedDict, total=False):
     metrics: Metrics | None
     abuse: AbuseDetector | None
     sleep: Sleep | None
+    on_threshold: OnThreshold | None
 
 
 def options_from(options: Options | None, settings: Mapping[str, object]) -> Options:
@@ -251,6 +267,9 @@ class LimiterBase(Generic[StoreT]):
         self._after = self._observing or self._record_denials
         self._sleep = options.sleep
         self._draw = random.random
+        self._on_threshold = options.on_threshold
+        # Whether the outbox table (revision 0008_thresholds) is known to be there.
+        self._events = False
 
     def _observe(self, decision: Decision, source: str = "") -> None:
         """Tell the metrics and the abuse detector (those configured) about one decision."""
@@ -284,6 +303,27 @@ async def async_sleep(seconds: float) -> None:
 def sync_sleep(seconds: float) -> None:
     """The sync face's real sleep."""
     time.sleep(seconds)
+
+
+async def async_threshold(callback: OnThreshold, event: ThresholdEvent) -> None:
+    """Call the async face's ``on_threshold``: a coroutine function's result is awaited."""
+    result = callback(event)
+    if inspect.isawaitable(result):
+        await result
+
+
+def sync_threshold(callback: OnThreshold, event: ThresholdEvent) -> None:
+    """Call the sync face's ``on_threshold``."""
+    result = callback(event)
+    if inspect.isawaitable(result):
+        # A coroutine nobody awaits would warn later, far from its cause: say it now.
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+        raise ConfigurationError(
+            "on_threshold returned an awaitable: Limiter calls a plain function;"
+            " give a coroutine function to AsyncLimiter (connect_async)"
+        )
 
 
 async def async_settle(attempt: Awaitable[T], kept: Callable[[T], bool]) -> T:

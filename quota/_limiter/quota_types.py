@@ -6,7 +6,10 @@ The operations are in `quota._limiter.quotas`; see its docstring for the semanti
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from quota._core import periods as _periods
@@ -68,6 +71,63 @@ def check_text(argument: str, value: object, max_bytes: int = MAX_NAME_BYTES) ->
     return value
 
 
+#: The most thresholds one quota may carry.
+MAX_THRESHOLDS = 20
+
+
+def check_thresholds(thresholds: object) -> tuple[Decimal, ...]:
+    """`thresholds` as exact decimals, smallest first; `ConfigurationError` naming it if bad.
+
+    Each is a number in (0, 1] (an int, a float taken as the decimal it prints as, or a
+    `decimal.Decimal`), none repeated; None or an empty sequence is no thresholds. Above
+    1 is refused: a charge never takes usage past the limit with grants, so such a
+    threshold could never fire.
+    """
+    if thresholds is None:
+        return ()
+    if isinstance(thresholds, (str, bytes)) or not isinstance(
+        thresholds, Sequence | frozenset | set
+    ):
+        raise ConfigurationError(
+            f"thresholds must be a sequence of numbers in (0, 1], got {thresholds!r}"
+        )
+    if len(thresholds) > MAX_THRESHOLDS:
+        raise ConfigurationError(
+            f"thresholds must hold at most {MAX_THRESHOLDS} numbers, got {len(thresholds)}"
+        )
+    checked: list[Decimal] = []
+    for value in thresholds:
+        exact = _exact(value)
+        if exact is None or not 0 < exact <= 1:
+            raise ConfigurationError(
+                f"thresholds must be numbers in (0, 1] (fractions of the limit with grants),"
+                f" got {value!r} in {thresholds!r}"
+            )
+        if exact in checked:
+            raise ConfigurationError(
+                f"thresholds must not repeat, got {value!r} twice in {thresholds!r}"
+            )
+        checked.append(exact)
+    return tuple(sorted(checked))
+
+
+def _exact(value: object) -> Decimal | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(repr(value)) if math.isfinite(value) else None
+    if isinstance(value, Decimal):
+        return value.normalize() if value.is_finite() else None
+    return None
+
+
+def threshold_text(threshold: Decimal) -> str:
+    """How a threshold is stored and sent: the shortest plain decimal (``0.8``, ``1``)."""
+    return format(threshold.normalize(), "f")
+
+
 def check_key(idempotency_key: object) -> str | None:
     if idempotency_key is None:
         return None
@@ -75,6 +135,45 @@ def check_key(idempotency_key: object) -> str | None:
 
 
 # -- what callers get back -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdEvent:
+    """A usage threshold of a quota crossed in a period: written once to the outbox.
+
+    Each (subject, quota, period start, threshold) fires once; a refund or grant that
+    takes usage back below the threshold re-arms it, and it may then fire again (a new
+    event, with a new `id`).
+    """
+
+    id: int
+    """Stable: the outbox row's id. Receivers de-duplicate deliveries by it."""
+    subject: str
+    quota: str
+    """The quota's name."""
+    period_start: int
+    """Epoch second at which the period began."""
+    threshold: Decimal
+    """The fraction of `limit` crossed (``Decimal("0.8")``)."""
+    used: int
+    """Units used in the period right after the charge that crossed it."""
+    limit: int
+    """The period's limit with its grants at that charge: what `threshold` is a fraction of."""
+    at: float
+    """Epoch seconds of the charge (the limiter's clock)."""
+
+    def payload(self) -> dict[str, Any]:
+        """The event as the webhook sends it: JSON types, the threshold a number."""
+        return {
+            "id": self.id,
+            "subject": self.subject,
+            "quota": self.quota,
+            "period_start": self.period_start,
+            "threshold": float(self.threshold),
+            "used": self.used,
+            "limit": self.limit,
+            "at": self.at,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +206,8 @@ class QuotaDecision:
     """The key the call carried, if any."""
     replayed: bool = False
     """True when the key already held a charge: this is that original decision, nothing was charged now."""
+    fired: tuple[ThresholdEvent, ...] = ()
+    """The thresholds this charge fired (written to the outbox with it); empty when none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +312,12 @@ class QuotaLimit:
     """``day``, ``week`` (ISO, from Monday), ``month``, or whole seconds."""
     tz: str | None = None
     """IANA time zone calendar periods follow; None for UTC."""
+    thresholds: tuple[Decimal, ...] = ()
+    """Fractions of the limit with grants (numbers in (0, 1]) that fire a `ThresholdEvent`
+    once per period when usage reaches them; kept as exact decimals, smallest first."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "thresholds", check_thresholds(self.thresholds))
         check_text("subject", self.subject)
         check_text("name", self.name)
         check_int("limit", self.limit, maximum=MAX_QUOTA_LIMIT)

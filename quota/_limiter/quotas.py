@@ -36,6 +36,7 @@ import datetime as dt
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any
 
 from quota._core import periods as _periods
@@ -50,6 +51,7 @@ from quota._core.decision import (
 from quota._core.decision import retry_after as _retry_after
 from quota._core.decision import stored_key as _stored_key
 from quota._core.errors import ConfigurationError
+from quota._limiter import thresholds as _thresholds
 from quota._limiter.quota_types import (
     ALREADY_REFUNDED,
     CONSUME,
@@ -71,8 +73,10 @@ from quota._limiter.quota_types import (
     QuotaUsage,
     RateWindow,
     RefundResult,
+    ThresholdEvent,
     check_key,
     check_text,
+    check_thresholds,
 )
 from quota._sql import quotas as q
 from quota._sql import statements as _sql
@@ -178,29 +182,50 @@ def _charge_params(spot: _Spot, limit: int, cost: int, now: float) -> tuple[Any,
     return (spot.subject, spot.name, spot.start, spot.end, spot.period, spot.tz, limit, cost, now)
 
 
+def _fire_thresholds(
+    spot: _Spot, limit: int, granted: int, used: int, thresholds: Sequence[Decimal], now: float
+) -> Op[tuple[ThresholdEvent, ...]]:
+    """The step every charge runs after it charged: fire the thresholds usage reached.
+
+    In the charge's transaction, with its usage row locked; see `quota._limiter.thresholds`.
+    """
+    return (
+        yield from _thresholds.fire(
+            spot.subject, spot.name, spot.start, limit, granted, used, thresholds, now
+        )
+    )
+
+
 # -- operations ----------------------------------------------------------------------------
 
 
 def consume(
     subject: object, name: object, limit: object, period: object, cost: object,
-    idempotency_key: object, tz: object, now: float,
+    idempotency_key: object, tz: object, now: float, thresholds: object = (),
 ) -> Op[QuotaDecision]:  # fmt: skip
     """Charge `cost` units of `subject`'s quota `name` for the period holding `now`, or deny.
 
     A denial charges nothing. The ledger gets a ``consume`` or ``deny`` row
-    in the same transaction. See the module docstring for idempotency.
+    in the same transaction, and a charge fires the `thresholds` it reaches
+    (`_fire_thresholds`). See the module docstring for idempotency.
     """
     checked_limit = check_int("limit", limit, maximum=MAX_QUOTA_LIMIT)
     checked_cost = check_int("cost", cost, maximum=checked_limit)
     spot = _spot(subject, name, period, tz, now)
     key = check_key(idempotency_key)
-    return _consume(spot, checked_limit, checked_cost, key, now)
+    # No thresholds (the default) costs one comparison: no statement, no validation.
+    checked = () if thresholds == () or thresholds is None else check_thresholds(thresholds)
+    return _consume(spot, checked_limit, checked_cost, key, now, checked)
 
 
-def _consume(spot: _Spot, limit: int, cost: int, key: str | None, now: float) -> Op[QuotaDecision]:
+def _consume(
+    spot: _Spot, limit: int, cost: int, key: str | None, now: float,
+    thresholds: tuple[Decimal, ...] = (),
+) -> Op[QuotaDecision]:  # fmt: skip
     rows = yield q.USAGE_CHARGE, _charge_params(spot, limit, cost, now)
     if rows:
-        decision = _decision(spot, True, limit, cost, int(rows[0][0]), int(rows[0][1]), now, key)
+        used, granted = int(rows[0][0]), int(rows[0][1])
+        decision = _decision(spot, True, limit, cost, used, granted, now, key)
         claimed = yield q.LEDGER_CHARGE, _entry(now, CONSUME, decision)
         if not claimed:
             assert key is not None  # a NULL key never conflicts
@@ -209,7 +234,11 @@ def _consume(spot: _Spot, limit: int, cost: int, key: str | None, now: float) ->
             if held:
                 raise Abort(_replayed(spot.subject, spot.name, key, held[0]))
             # Refunded between the two statements: decide again from scratch.
-            raise Abort(None, then=_consume(spot, limit, cost, key, now))
+            raise Abort(None, then=_consume(spot, limit, cost, key, now, thresholds))
+        if thresholds:
+            fired = yield from _fire_thresholds(spot, limit, granted, used, thresholds, now)
+            if fired:
+                return _with(decision, fired=fired)
         return decision
     if key is not None:
         # A retry of a charge that went through, now that the period is full.
@@ -222,18 +251,25 @@ def _consume(spot: _Spot, limit: int, cost: int, key: str | None, now: float) ->
     return decision
 
 
-def refund(subject: object, name: object, idempotency_key: object, now: float) -> Op[RefundResult]:
-    """Give back the charge `idempotency_key` holds; a no-op that says so when there is none."""
+def refund(
+    subject: object, name: object, idempotency_key: object, now: float, *, rearm: bool = False
+) -> Op[RefundResult]:
+    """Give back the charge `idempotency_key` holds; a no-op that says so when there is none.
+
+    With `rearm` (the outbox table is there), thresholds usage falls back below are
+    re-armed in the same transaction.
+    """
     check_now(now)
     return _refund(
         check_text("subject", subject),
         check_text("name", name),
         check_text("idempotency_key", idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES),
         now,
+        rearm,
     )
 
 
-def _refund(subject: str, name: str, key: str, now: float) -> Op[RefundResult]:
+def _refund(subject: str, name: str, key: str, now: float, rearm: bool) -> Op[RefundResult]:
     # Row locks in the one order every operation takes them: the usage row, then the
     # ledger (a consume upserts usage, then claims its key in the ledger). The charge is
     # looked up without a lock first; marking it refunded first deadlocked against a
@@ -248,12 +284,14 @@ def _refund(subject: str, name: str, key: str, now: float) -> Op[RefundResult]:
     marked = yield q.LEDGER_MARK_REFUNDED, (now, subject, name, key)
     if not marked or (int(marked[0][0]), int(marked[0][1])) != (cost, start):
         # Refunded (and maybe charged again) between the look and the locks: undo, retry.
-        raise Abort(None, then=_refund(subject, name, key, now))
+        raise Abort(None, then=_refund(subject, name, key, now, rearm))
     used = granted = limit = remaining = None
     if usage:
         used, granted = int(usage[0][0]), int(usage[0][1])
         limit = None if usage[0][2] is None else int(usage[0][2])
         remaining = None if limit is None else max(0, limit + granted - used)
+        if rearm:
+            yield from _thresholds.rearm(subject, name, start, used, limit, granted, now)
     yield (
         q.LEDGER_APPEND,
         (now, subject, name, REFUND, cost, key, start, end, limit, used, remaining),
@@ -262,19 +300,21 @@ def _refund(subject: str, name: str, key: str, now: float) -> Op[RefundResult]:
 
 
 def grant(
-    subject: object, name: object, amount: object, period: object, tz: object, now: float
-) -> Op[QuotaUsage]:
+    subject: object, name: object, amount: object, period: object, tz: object, now: float,
+    *, rearm: bool = False,
+) -> Op[QuotaUsage]:  # fmt: skip
     """Add `amount` units to `subject`'s quota `name` for the period holding `now`.
 
     Raises `ConfigurationError` naming ``amount`` when it is not an int in
     ``1..MAX_QUOTA_GRANTED``, or when it would take what the period has
-    granted past `MAX_QUOTA_GRANTED` (then nothing is granted).
+    granted past `MAX_QUOTA_GRANTED` (then nothing is granted). With `rearm`, as
+    for `refund`.
     """
     checked_amount = check_int("amount", amount, maximum=MAX_QUOTA_GRANTED)
-    return _grant(_spot(subject, name, period, tz, now), checked_amount, now)
+    return _grant(_spot(subject, name, period, tz, now), checked_amount, now, rearm)
 
 
-def _grant(spot: _Spot, amount: int, now: float) -> Op[QuotaUsage]:
+def _grant(spot: _Spot, amount: int, now: float, rearm: bool = False) -> Op[QuotaUsage]:
     rows = yield (
         q.USAGE_GRANT,
         (spot.subject, spot.name, spot.start, spot.end, spot.period, spot.tz, amount, now),
@@ -289,6 +329,8 @@ def _grant(spot: _Spot, amount: int, now: float) -> Op[QuotaUsage]:
         )
     limit = None if rows[0][2] is None else int(rows[0][2])
     remaining = None if limit is None else max(0, limit + granted - used)
+    if rearm:
+        yield from _thresholds.rearm(spot.subject, spot.name, spot.start, used, limit, granted, now)
     yield (
         q.LEDGER_APPEND,
         (now, spot.subject, spot.name, GRANT, amount, None, spot.start, spot.end, limit, used,
@@ -550,6 +592,13 @@ def _check(
                 claimed = yield q.LEDGER_CHARGE, _entry(now, CONSUME, decision)
                 if not claimed:
                     raise Abort(None, then=_replay_check(steps, n, cost, key, now))
+                if step.limit.thresholds:
+                    fired = yield from _fire_thresholds(
+                        step.spot, decision.limit, decision.granted, decision.used,
+                        step.limit.thresholds, now,
+                    )  # fmt: skip
+                    if fired:
+                        final[step.index] = _with(decision, fired=fired)
         return CheckDecision(True, None, 0, tuple(final))
     if key is not None:
         for step in steps:

@@ -334,6 +334,8 @@ DURABLE_TABLES: dict[str, tuple[str, ...]] = {
     # Not data, but blocks running now: dropping their slots would let more in than
     # their limit (a dead holder's lease, expired, is no row to keep).
     "0006_leases": ("quota_leases",),
+    # Events not delivered yet are owed to a webhook.
+    "0008_thresholds": ("quota_events",),
 }
 #: What counts as a held row: a deleted override or setting stays a while as a
 #: stamped row saying nothing (so every worker drops it at the same moment), and a
@@ -343,6 +345,7 @@ LIVE_ROWS: dict[str, str] = {
     " AND fail_open IS NULL AND NOT exempt)",
     "quota_settings": " WHERE value IS NOT NULL AND name NOT LIKE 'route\\_class.%' ESCAPE '\\'",
     "quota_leases": " WHERE expires_at > {now}",
+    "quota_events": " WHERE delivered_at IS NULL",
 }
 
 

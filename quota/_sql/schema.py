@@ -29,12 +29,13 @@ from quota._sql.statements import VERSION_TABLE
 #: Every revision this code knows, oldest first.
 REVISIONS: tuple[str, ...] = (
     "0001_counters", "0002_quotas", "0003_algorithms", "0004_policies", "0005_settings",
-    "0006_leases",
+    "0006_leases", "0008_thresholds",
 )  # fmt: skip
 #: The revision this code needs at least. A database at it works; the later revisions add
 #: what runs without them (0005_settings: the runtime settings of the HTTP middlewares,
 #: which keep their configured values until the table is there; 0006_leases: concurrency
-#: leases, whose calls say to migrate until it is there).
+#: leases, whose calls say to migrate until it is there; 0008_thresholds: the outbox of
+#: usage thresholds, whose calls say to migrate until it is there).
 REQUIRED = "0004_policies"
 #: The newest revision this code knows: what ``quota migrate`` upgrades to.
 HEAD = REVISIONS[-1]
@@ -208,6 +209,51 @@ quota_leases = sa.Table(
     # Cleanup and the downgrade guard find dead (or live) leases by expiry.
     sa.Index("ix_quota_leases_expires_at", "expires_at"),
     sqlite_with_rowid=False,
+)
+
+#: The outbox of usage thresholds (revision 0008_thresholds): one row per time a
+#: threshold fired, unique among those not re-armed (`quota._sql.events`).
+quota_events = sa.Table(
+    "quota_events",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("subject", _KEY, nullable=False),
+    sa.Column("quota", _KEY, nullable=False),
+    sa.Column("period_start", sa.BigInteger, nullable=False),
+    sa.Column("threshold", sa.Text, nullable=False),
+    sa.Column("used", sa.BigInteger, nullable=False),
+    sa.Column("quota_limit", sa.BigInteger, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("rearmed_at", sa.Float, nullable=True),
+    sa.Column("delivered_at", sa.Float, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("claimed_until", sa.Float, nullable=True),
+    sa.Column("claimed_by", sa.Text, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Index(
+        "uq_quota_events_armed",
+        "subject",
+        "quota",
+        "period_start",
+        "threshold",
+        unique=True,
+        sqlite_where=sa.text("rearmed_at IS NULL"),
+        postgresql_where=sa.text("rearmed_at IS NULL"),
+    ),
+    # The worker's claim scans the undelivered events only.
+    sa.Index(
+        "ix_quota_events_undelivered",
+        "id",
+        sqlite_where=sa.text("delivered_at IS NULL"),
+        postgresql_where=sa.text("delivered_at IS NULL"),
+    ),
+    # Cleanup finds the events delivered long ago.
+    sa.Index("ix_quota_events_delivered_at", "delivered_at"),
 )
 
 #: Alembic's version table, as Alembic creates it (``version_table=VERSION_TABLE``).
@@ -400,6 +446,7 @@ TABLE_REVISIONS: dict[str, str] = {
     "quota_policies": "0004_policies",
     "quota_settings": "0005_settings",
     "quota_leases": "0006_leases",
+    "quota_events": "0008_thresholds",
 }
 
 

@@ -44,6 +44,7 @@ ARGS: dict[str, list[str]] = {
     "refund": ["alice", "llm", "job-1"],
     "ledger": ["alice"],
     "export": ["--from", "2026-01-01", "--to", "2026-02-01"],
+    "notify": ["--webhook", "http://127.0.0.1:9/", "--once"],
     "policy list": [],
     "policy set": ["api", "--rates", "5/minute"],
     "policy delete": ["api"],

@@ -135,5 +135,33 @@ CREATE INDEX ix_quota_leases_expires_at ON quota_leases (expires_at);
 
 UPDATE quota_alembic_version SET version_num='0006_leases' WHERE quota_alembic_version.version_num = '0005_settings';
 
+-- Running upgrade 0006_leases -> 0008_thresholds
+
+CREATE TABLE quota_events (
+    id BIGSERIAL NOT NULL, 
+    subject TEXT COLLATE "C" NOT NULL, 
+    quota TEXT COLLATE "C" NOT NULL, 
+    period_start BIGINT NOT NULL, 
+    threshold TEXT NOT NULL, 
+    used BIGINT NOT NULL, 
+    quota_limit BIGINT NOT NULL, 
+    at FLOAT NOT NULL, 
+    rearmed_at FLOAT, 
+    delivered_at FLOAT, 
+    attempts INTEGER NOT NULL, 
+    claimed_until FLOAT, 
+    claimed_by TEXT, 
+    last_error TEXT, 
+    PRIMARY KEY (id)
+);
+
+CREATE UNIQUE INDEX uq_quota_events_armed ON quota_events (subject, quota, period_start, threshold) WHERE rearmed_at IS NULL;
+
+CREATE INDEX ix_quota_events_undelivered ON quota_events (id) WHERE delivered_at IS NULL;
+
+CREATE INDEX ix_quota_events_delivered_at ON quota_events (delivered_at);
+
+UPDATE quota_alembic_version SET version_num='0008_thresholds' WHERE quota_alembic_version.version_num = '0006_leases';
+
 COMMIT;
 
