@@ -88,6 +88,20 @@ def _with_timer(limiter: Limiter) -> Limiter:
     return limiter
 
 
+class _ThrottleRates:
+    """``THROTTLE_RATES``: DRF's ``DEFAULT_THROTTLE_RATES`` as it is when read.
+
+    DRF's class attribute is the setting when ``rest_framework.throttling`` was
+    first imported; this one follows ``override_settings`` too. A subclass's
+    ``THROTTLE_RATES = {...}`` or an instance's assignment replaces it, as in DRF.
+    """
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        from rest_framework.settings import api_settings
+
+        return api_settings.DEFAULT_THROTTLE_RATES
+
+
 def _closed(key: str, window: int, now: float) -> Decision:
     """The decision of a ``0/…`` rate: every request is over it, nothing counted."""
     reset_at = (int(now) // window + 1) * window
@@ -110,6 +124,7 @@ class QuotaThrottle(_drf.SimpleRateThrottle):
     ``manage.py migrate``).
     """
 
+    THROTTLE_RATES = _ThrottleRates()
     #: quota's algorithm for the counter: ``fixed_window`` (the default),
     #: ``sliding_window``, ``token_bucket`` or ``gcra``.
     algorithm: str = FIXED_WINDOW

@@ -130,15 +130,8 @@ def _run(root: Path, url: str, tmp_path: Path) -> tuple[dict[str, str], str]:
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
     command = [sys.executable, "-m", "pytest", TARGET, "-c", str(ini), "--rootdir", str(root)]
-    command += [
-        "--noconftest",
-        "-p",
-        PLUGIN,
-        "-p",
-        "pytest_django.plugin",
-        "-p",
-        "no:cacheprovider",
-    ]
+    command += ["--noconftest", "-p", PLUGIN, "-p", "pytest_django.plugin"]
+    command += ["-p", "no:cacheprovider"]
     command += ["-q", "-rfEx", f"--junitxml={junit}"]
     done = subprocess.run(
         command, cwd=root, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
