@@ -4,9 +4,12 @@ DRF ships its tests in its sdist. The sdist of the installed version is
 fetched once (``pip download``) into pytest's cache directory, or taken from
 ``$QUOTA_DRF_SDIST`` (a ``djangorestframework-X.Y.Z.tar.gz``); its
 ``tests/test_throttling.py`` then runs, unchanged, in a subprocess with
-``tests/_drf_suite_plugin.py`` in place of DRF's conftest: DRF's throttle
-classes are replaced by quota's, which count on a migrated SQLite file or
-PostgreSQL database. Every test passes but the documented differences,
+``tests/contrib/drf/_drf_suite_plugin.py`` in place of DRF's conftest:
+DRF's throttle classes are replaced by quota's, which count on a migrated
+SQLite file or PostgreSQL database (``QUOTA["URL"]``). Django's own tables
+are in an in-memory SQLite database apart from quota's, so DRF's
+``TestCase`` classes run as they are on both: a test's open transaction
+never holds a lock quota's counters wait for. Every test passes but the documented differences,
 which must fail (``xfail(strict=True)``). Nothing of DRF's is kept in this
 repository.
 
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._drf_suite_plugin import URL_ENV, XFAIL
+from tests.contrib.drf._drf_suite_plugin import URL_ENV, XFAIL
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +41,7 @@ DRF_VERSION = importlib.metadata.version("djangorestframework")
 SDIST_ENV = "QUOTA_DRF_SDIST"
 REQUIRE_ENV = "QUOTA_TEST_REQUIRE_DRF_SUITE"
 PLUGIN = "_drf_suite_plugin"
-TESTS_DIR = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 TARGET = "tests/test_throttling.py"
 RUN_TIMEOUT = 180
 
@@ -120,7 +123,7 @@ def _run(root: Path, url: str, tmp_path: Path) -> tuple[dict[str, str], str]:
     # folder holding it alone (our tests folder on the path would shadow DRF's ``tests``).
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / f"{PLUGIN}.py").write_text((TESTS_DIR / f"{PLUGIN}.py").read_text())
+    (plugins / f"{PLUGIN}.py").write_text((HERE / f"{PLUGIN}.py").read_text())
     junit = tmp_path / "drf.xml"
     env = {
         **os.environ,

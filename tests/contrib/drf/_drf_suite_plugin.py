@@ -1,6 +1,6 @@
 """The pytest plugin that runs Django REST framework's throttling tests on quota's throttles.
 
-No tests here: `tests/contrib/drf/test_drf_suite.py` runs DRF's
+No tests here: `test_drf_suite.py` beside it runs DRF's
 ``tests/test_throttling.py`` (from its sdist) in a subprocess with
 ``-p _drf_suite_plugin --noconftest``, and this plugin, loaded there and
 only there, does what DRF's conftest does (Django settings: an in-memory
