@@ -16,6 +16,11 @@ Then:
 - ``/limited`` is limited by the ``@ratelimit`` decorator alone: 3 requests a
   minute per client IP (``QUOTA_EXAMPLE_DECORATOR_RATE``).
 - ``/health`` is never limited.
+- With Django REST framework installed (``pip install 'quota[drf]'``),
+  ``/drf/hello`` is a DRF view throttled by ``quota.contrib.drf``'s
+  ``AnonRateThrottle``: 10 requests a minute per client IP
+  (``QUOTA_EXAMPLE_DRF_RATE``), with the rate-limit headers;
+  ``/drf/hello-drf-cache`` is the same view under DRF's own throttle.
 
 ``curl -i http://127.0.0.1:8000/api/hello`` six times shows the 429 and its
 ``Retry-After``. ``QUOTA_SHADOW=true`` decides and sends the headers without

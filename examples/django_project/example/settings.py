@@ -3,6 +3,7 @@
 See ``manage.py`` for how to run it.
 """
 
+import importlib.util
 import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -79,3 +80,29 @@ QUOTA = {
 
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Django REST framework (``pip install 'quota[drf]'``): the views of example/api.py, throttled
+# by quota's drop-in classes (one counter per client in quota's tables) and, for comparison,
+# by DRF's own (a history in Django's cache).
+DRF = importlib.util.find_spec("rest_framework") is not None
+if DRF:
+    INSTALLED_APPS.append("rest_framework")
+    # The X-RateLimit-* and RateLimit fields on the DRF views' responses (QUOTA_DRF_HEADERS).
+    MIDDLEWARE.append("quota.contrib.drf.RateLimitHeadersMiddleware")
+    QUOTA_DRF_HEADERS = "both"
+    REST_FRAMEWORK = {
+        "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+        "DEFAULT_THROTTLE_RATES": {
+            "anon": os.environ.get("QUOTA_EXAMPLE_DRF_RATE", "10/minute"),
+            "user": "100/minute",
+        },
+    }
+    # DRF's own throttles keep their history in this cache: with several processes it must
+    # be one they share (a directory here, QUOTA_EXAMPLE_CACHE_DIR), else each has its own.
+    if os.environ.get("QUOTA_EXAMPLE_CACHE_DIR"):
+        CACHES = {
+            "default": {
+                "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                "LOCATION": os.environ["QUOTA_EXAMPLE_CACHE_DIR"],
+            }
+        }

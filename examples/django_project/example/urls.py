@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.urls import path
 
 from example import views
@@ -7,3 +8,11 @@ urlpatterns = [
     path("limited", views.limited),
     path("health", views.health),
 ]
+
+if settings.DRF:
+    from example import api
+
+    urlpatterns += [
+        path("drf/hello", api.Hello.as_view()),
+        path("drf/hello-drf-cache", api.HelloDrfCache.as_view()),
+    ]
