@@ -1,0 +1,330 @@
+"""OpenTelemetry metrics and traces for the limiter (``pip install 'quota[otel]'``).
+
+``quota.connect(url, telemetry=True)`` reports through the global meter and
+tracer providers (``opentelemetry.metrics`` / ``opentelemetry.trace``), under
+the instrumentation scope ``quota`` and the package's version;
+``telemetry=quota.Telemetry(meter_provider=..., tracer_provider=...)`` takes
+providers of its own instead. The instruments:
+
+========================  ===================  ==============================
+name                      type                 attributes
+========================  ===================  ==============================
+quota.decisions           counter              outcome, algorithm, store
+quota.store.duration      histogram (s)        store, operation
+quota.fallback.active     observable gauge     store
+========================  ===================  ==============================
+
+``outcome`` is ``allowed`` or ``denied``; ``algorithm`` is the rate's
+(``fixed_window``, ``sliding_window``, ``token_bucket``, ``gcra``), ``check``
+for `Limiter.check` and ``quota`` for `Limiter.consume_quota`; ``store`` is
+the kind of store (``sqlite``, ``postgresql``, ``redis``, ``memory``);
+``operation`` is the store call (a statement's name, such as ``hit`` or
+``sliding_window``, or an operation's, such as ``check``).
+``quota.fallback.active`` is 1 while the memory fallback decides (the store
+is down), else 0.
+
+Every store call is a span ``quota.<operation>`` with the attributes
+``quota.store`` and ``quota.operation``; a call that decided also has
+``quota.algorithm`` and ``quota.outcome``. Keys are never recorded, in spans
+or metrics: they are unbounded and often personal.
+
+Telemetry never raises into the caller: a failure of the SDK or an exporter
+is logged (logger ``quota``, at warning, once per kind) and swallowed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from quota._core.errors import ConfigurationError
+from quota._sql.statements import Statement
+from quota._sql.steps import Op, Rows
+from quota._stores.base import AsyncStore, SyncStore
+
+T = TypeVar("T")
+S = TypeVar("S", SyncStore, AsyncStore)
+log = logging.getLogger("quota")
+
+#: The instrumentation scope of quota's meter and tracer.
+SCOPE = "quota"
+#: Store calls that decide a rate limit, by the algorithm they decide for: their span
+#: waits for the limiter to name the outcome.
+DECIDING = {
+    "hit": "fixed_window", "hit_capped": "fixed_window", "fixed_window": "fixed_window",
+    "fixed_window_capped": "fixed_window", "sliding_window": "sliding_window",
+    "token_bucket": "token_bucket", "gcra": "gcra", "check": "check", "consume": "quota",
+}  # fmt: skip
+
+
+def _import_otel() -> tuple[Any, Any]:
+    try:
+        from opentelemetry import metrics, trace
+    except ImportError as exc:
+        raise ConfigurationError(
+            "telemetry needs the OpenTelemetry API: pip install 'quota[otel]'"
+        ) from exc
+    return metrics, trace
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Telemetry:
+    """Where ``telemetry=`` reports: OpenTelemetry providers (the global ones by default).
+
+    ``telemetry=True`` is ``Telemetry()``. Raises `ConfigurationError` when the
+    OpenTelemetry API is not installed (``pip install 'quota[otel]'``).
+    """
+
+    meter_provider: Any = None
+    """An ``opentelemetry.metrics.MeterProvider``; None: the global one, as set when
+    the limiter is connected."""
+    tracer_provider: Any = None
+    """An ``opentelemetry.trace.TracerProvider``; None: the global one."""
+
+    def __post_init__(self) -> None:
+        _import_otel()
+        if self.meter_provider is not None and not hasattr(self.meter_provider, "get_meter"):
+            raise ConfigurationError(
+                f"meter_provider must be an OpenTelemetry MeterProvider, got {self.meter_provider!r}"
+            )
+        if self.tracer_provider is not None and not hasattr(self.tracer_provider, "get_tracer"):
+            raise ConfigurationError(
+                "tracer_provider must be an OpenTelemetry TracerProvider,"
+                f" got {self.tracer_provider!r}"
+            )
+
+
+class _Pending:
+    """A deciding store call that has returned, waiting for the limiter's outcome."""
+
+    __slots__ = ("end", "operation", "start")
+
+    def __init__(self, operation: str, start: int, end: int) -> None:
+        self.operation, self.start, self.end = operation, start, end
+
+
+# Set by the wrapper (the outermost one, awaited in the caller's own context) and
+# taken by the limiter once it has decided: concurrent tasks and threads each see their own.
+_pending: contextvars.ContextVar[_Pending | None] = contextvars.ContextVar(
+    "quota_telemetry_pending", default=None
+)
+
+
+class Recorder:
+    """The instruments of one limiter; every method swallows (and logs) its own failures."""
+
+    def __init__(self, config: Telemetry, store_kind: str) -> None:
+        from quota import __version__
+
+        metrics, trace = _import_otel()
+        self.store_kind = store_kind
+        meters = config.meter_provider or metrics.get_meter_provider()
+        tracers = config.tracer_provider or trace.get_tracer_provider()
+        meter = meters.get_meter(SCOPE, __version__)
+        self._tracer = tracers.get_tracer(SCOPE, __version__)
+        self._error = trace.StatusCode.ERROR
+        self._decisions = meter.create_counter(
+            "quota.decisions", unit="{decision}", description="Rate-limit and quota decisions."
+        )
+        self._duration = meter.create_histogram(
+            "quota.store.duration", unit="s", description="Duration of store calls."
+        )
+        self._fallback_of: Any = None
+        meter.create_observable_gauge(
+            "quota.fallback.active",
+            callbacks=[self._observe_fallback],
+            unit="1",
+            description="1 while the memory fallback decides (the store is down), else 0.",
+        )
+        self._observation = metrics.Observation
+        # Attribute sets, built once each: the hot path only looks them up.
+        self._decision_attrs: dict[tuple[bool, str], dict[str, str]] = {}
+        self._call_attrs: dict[str, dict[str, str]] = {}
+        self._warned: set[str] = set()
+
+    def watch_fallback(self, store: object) -> None:
+        """Report `store`'s ``up`` (a fallback wrapper) as ``quota.fallback.active``; held weakly."""
+        self._fallback_of = weakref.ref(store)
+
+    def _observe_fallback(self, options: object) -> Iterator[Any]:
+        try:
+            store = self._fallback_of() if self._fallback_of is not None else None
+            active = 0 if self._fallback_of is None else (0 if store is None or store.up else 1)
+            yield self._observation(active, {"store": self.store_kind})
+        except Exception:
+            self._failed("fallback gauge")
+
+    def _failed(self, what: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("quota: telemetry failed (%s); carrying on without it", what, exc_info=True)
+
+    # -- the limiter reports decisions ---------------------------------------------------
+
+    def decided(self, allowed: bool, algorithm: str, *, count: bool = True) -> None:
+        """One decision: count it (unless not `count`: an attempt of a wait), and end the
+        span of the store call that made it, if one waits."""
+        try:
+            attrs = self._decision_attrs.get((allowed, algorithm))
+            if attrs is None:
+                attrs = self._decision_attrs[(allowed, algorithm)] = {
+                    "outcome": "allowed" if allowed else "denied",
+                    "algorithm": algorithm,
+                    "store": self.store_kind,
+                }
+            if count:
+                self._decisions.add(1, attrs)
+            pending = _pending.get()
+            if pending is not None:
+                _pending.set(None)
+                self._span(
+                    pending.operation, pending.start, pending.end, algorithm, attrs["outcome"]
+                )
+        except Exception:
+            self._failed("decision")
+
+    # -- the store wrapper reports calls ---------------------------------------------------
+
+    def called(self, operation: str, start: int, started: float, exc: BaseException | None) -> None:
+        """A store call that began at `start` (epoch ns; `started` perf_counter) has ended."""
+        try:
+            end = time.time_ns()
+            attrs = self._call_attrs.get(operation)
+            if attrs is None:
+                attrs = self._call_attrs[operation] = {
+                    "store": self.store_kind,
+                    "operation": operation,
+                }
+            self._duration.record(time.perf_counter() - started, attrs)
+            if exc is not None and _is_abort(exc):
+                exc = None  # a durable quota's answer given by rolling back: no failure
+            if operation in DECIDING:
+                left = _pending.get()
+                if left is not None:  # a deciding call nobody named the outcome of
+                    _pending.set(None)
+                    self._span(left.operation, left.start, left.end, None, None)
+                if exc is None:
+                    _pending.set(_Pending(operation, start, end))
+                    return
+            self._span(operation, start, end, None, None, exc)
+        except Exception:
+            self._failed("store call")
+
+    def _span(
+        self, operation: str, start: int, end: int, algorithm: str | None, outcome: str | None,
+        exc: BaseException | None = None,
+    ) -> None:  # fmt: skip
+        attributes = {"quota.store": self.store_kind, "quota.operation": operation}
+        if algorithm is not None and outcome is not None:
+            attributes["quota.algorithm"] = algorithm
+            attributes["quota.outcome"] = outcome
+        span = self._tracer.start_span(
+            "quota." + operation, start_time=start, attributes=attributes
+        )
+        if exc is not None:
+            span.record_exception(exc)
+            span.set_status(self._error, type(exc).__name__)
+        span.end(end_time=end)
+
+
+def _is_abort(exc: BaseException) -> bool:
+    # Imported here: the limiter package imports this module.
+    from quota._limiter.quota_types import Abort
+
+    return isinstance(exc, Abort)
+
+
+def _op_name(op: object) -> str:
+    return str(getattr(op, "__name__", "run")).lstrip("_") or "run"
+
+
+class _Traced(Generic[S]):
+    """What both faces' wrappers share: the wrapped store, the recorder, the dialect."""
+
+    def __init__(self, store: S, recorder: Recorder) -> None:
+        self.store: S = store
+        self.recorder = recorder
+        self.dialect: str = store.dialect
+
+    @property
+    def up(self) -> bool:
+        return self.store.up
+
+
+class TracedStore(_Traced[SyncStore]):
+    """A sync store wrapper: a span and a duration for every store call."""
+
+    def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        start, started = time.time_ns(), time.perf_counter()
+        try:
+            rows = self.store.execute(statement, params)
+        except BaseException as exc:
+            self.recorder.called(statement.name, start, started, exc)
+            raise
+        self.recorder.called(statement.name, start, started, None)
+        return rows
+
+    def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        start, started = time.time_ns(), time.perf_counter()
+        try:
+            rows = self.store.execute_strict(statement, params)
+        except BaseException as exc:
+            self.recorder.called(statement.name, start, started, exc)
+            raise
+        self.recorder.called(statement.name, start, started, None)
+        return rows
+
+    def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        name, start, started = _op_name(op), time.time_ns(), time.perf_counter()
+        try:
+            result = self.store.run(op, transaction=transaction, maintenance=maintenance)
+        except BaseException as exc:
+            self.recorder.called(name, start, started, exc)
+            raise
+        self.recorder.called(name, start, started, None)
+        return result
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class AsyncTracedStore(_Traced[AsyncStore]):
+    """`TracedStore` for an async store."""
+
+    async def execute(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        start, started = time.time_ns(), time.perf_counter()
+        try:
+            rows = await self.store.execute(statement, params)
+        except BaseException as exc:
+            self.recorder.called(statement.name, start, started, exc)
+            raise
+        self.recorder.called(statement.name, start, started, None)
+        return rows
+
+    async def execute_strict(self, statement: Statement, params: Sequence[Any]) -> Rows:
+        start, started = time.time_ns(), time.perf_counter()
+        try:
+            rows = await self.store.execute_strict(statement, params)
+        except BaseException as exc:
+            self.recorder.called(statement.name, start, started, exc)
+            raise
+        self.recorder.called(statement.name, start, started, None)
+        return rows
+
+    async def run(self, op: Op[T], *, transaction: bool, maintenance: bool = False) -> T:
+        name, start, started = _op_name(op), time.time_ns(), time.perf_counter()
+        try:
+            result = await self.store.run(op, transaction=transaction, maintenance=maintenance)
+        except BaseException as exc:
+            self.recorder.called(name, start, started, exc)
+            raise
+        self.recorder.called(name, start, started, None)
+        return result
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
