@@ -755,7 +755,7 @@ def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
         store = AsyncResilientStore(store, memory, options.fallback, parsed.url, options.metrics)
     if options.telemetry is None:
         return store
-    recorder = Recorder(options.telemetry, parsed.dialect)
+    recorder = Recorder(options.telemetry, parsed.dialect, answers=(_types.Abort,))
     if options.fallback is not None:
         recorder.watch_fallback(store)
     return AsyncTracedStore(store, recorder)

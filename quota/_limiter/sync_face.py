@@ -745,7 +745,7 @@ def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
         store = ResilientStore(store, memory, options.fallback, parsed.url, options.metrics)
     if options.telemetry is None:
         return store
-    recorder = Recorder(options.telemetry, parsed.dialect)
+    recorder = Recorder(options.telemetry, parsed.dialect, answers=(_types.Abort,))
     if options.fallback is not None:
         recorder.watch_fallback(store)
     return TracedStore(store, recorder)

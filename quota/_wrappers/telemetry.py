@@ -35,6 +35,7 @@ is logged (logger ``quota``, at warning, once per kind) and swallowed.
 from __future__ import annotations
 
 import contextvars
+import importlib.metadata
 import logging
 import time
 import weakref
@@ -60,6 +61,13 @@ DECIDING = {
     "fixed_window_capped": "fixed_window", "sliding_window": "sliding_window",
     "token_bucket": "token_bucket", "gcra": "gcra", "check": "check", "consume": "quota",
 }  # fmt: skip
+
+
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version("quota")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return None
 
 
 def _import_otel() -> tuple[Any, Any]:
@@ -118,15 +126,18 @@ _pending: contextvars.ContextVar[_Pending | None] = contextvars.ContextVar(
 class Recorder:
     """The instruments of one limiter; every method swallows (and logs) its own failures."""
 
-    def __init__(self, config: Telemetry, store_kind: str) -> None:
-        from quota import __version__
-
+    def __init__(
+        self, config: Telemetry, store_kind: str, answers: tuple[type[BaseException], ...] = ()
+    ) -> None:
+        """`answers`: exceptions a store call raises to answer, not to fail (the durable
+        quotas' rollback with a result); their calls are no error spans."""
         metrics, trace = _import_otel()
         self.store_kind = store_kind
+        self._answers = answers
         meters = config.meter_provider or metrics.get_meter_provider()
         tracers = config.tracer_provider or trace.get_tracer_provider()
-        meter = meters.get_meter(SCOPE, __version__)
-        self._tracer = tracers.get_tracer(SCOPE, __version__)
+        meter = meters.get_meter(SCOPE, _version())
+        self._tracer = tracers.get_tracer(SCOPE, _version())
         self._error = trace.StatusCode.ERROR
         self._decisions = meter.create_counter(
             "quota.decisions", unit="{decision}", description="Rate-limit and quota decisions."
@@ -201,7 +212,7 @@ class Recorder:
                     "operation": operation,
                 }
             self._duration.record(time.perf_counter() - started, attrs)
-            if exc is not None and _is_abort(exc):
+            if exc is not None and isinstance(exc, self._answers):
                 exc = None  # a durable quota's answer given by rolling back: no failure
             if operation in DECIDING:
                 left = _pending.get()
@@ -230,13 +241,6 @@ class Recorder:
             span.record_exception(exc)
             span.set_status(self._error, type(exc).__name__)
         span.end(end_time=end)
-
-
-def _is_abort(exc: BaseException) -> bool:
-    # Imported here: the limiter package imports this module.
-    from quota._limiter.quota_types import Abort
-
-    return isinstance(exc, Abort)
 
 
 def _op_name(op: object) -> str:

@@ -167,9 +167,15 @@ def test_durable_quota_decisions_are_counted(sqlite_url: str, otel: Otel) -> Non
     with quota.connect(sqlite_url, telemetry=otel.telemetry) as limiter:
         limiter.consume_quota("org", "tokens", 3, "day", cost=2)
         limiter.consume_quota("org", "tokens", 3, "day", cost=2)
-    assert otel.decisions() == {("allowed", "quota", "sqlite"): 1, ("denied", "quota", "sqlite"): 1}
+        # A retry answered from the first charge (the store call rolls back to answer).
+        limiter.consume_quota("org", "calls", 3, "day", idempotency_key="once")
+        assert limiter.consume_quota("org", "calls", 3, "day", idempotency_key="once").replayed
+    assert otel.decisions() == {("allowed", "quota", "sqlite"): 3, ("denied", "quota", "sqlite"): 1}
     spans = [s for s in otel.spans() if s.name == "quota.consume"]
-    assert [s.attributes["quota.outcome"] for s in spans] == ["allowed", "denied"]
+    assert [s.attributes["quota.outcome"] for s in spans] == [
+        "allowed", "denied", "allowed", "allowed",
+    ]  # fmt: skip
+    assert [s.status.status_code.name for s in otel.spans()] == ["UNSET"] * len(otel.spans())
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
