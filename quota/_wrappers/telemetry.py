@@ -72,7 +72,8 @@ def _version() -> str | None:
 
 def _import_otel() -> tuple[Any, Any]:
     try:
-        from opentelemetry import metrics, trace
+        import opentelemetry.metrics as metrics
+        import opentelemetry.trace as trace
     except ImportError as exc:
         raise ConfigurationError(
             "telemetry needs the OpenTelemetry API: pip install 'quota[otel]'"
