@@ -111,10 +111,10 @@ class Telemetry:
 class _Pending:
     """A deciding store call that has returned, waiting for the limiter's outcome."""
 
-    __slots__ = ("end", "operation", "start")
+    __slots__ = ("end", "operation", "owner", "start")
 
-    def __init__(self, operation: str, start: int, end: int) -> None:
-        self.operation, self.start, self.end = operation, start, end
+    def __init__(self, owner: Recorder, operation: str, start: int, end: int) -> None:
+        self.owner, self.operation, self.start, self.end = owner, operation, start, end
 
 
 # Set by the wrapper (the outermost one, awaited in the caller's own context) and
@@ -192,7 +192,7 @@ class Recorder:
             if count:
                 self._decisions.add(1, attrs)
             pending = _pending.get()
-            if pending is not None:
+            if pending is not None and pending.owner is self:  # not another limiter's
                 _pending.set(None)
                 self._span(
                     pending.operation, pending.start, pending.end, algorithm, attrs["outcome"]
@@ -219,9 +219,9 @@ class Recorder:
                 left = _pending.get()
                 if left is not None:  # a deciding call nobody named the outcome of
                     _pending.set(None)
-                    self._span(left.operation, left.start, left.end, None, None)
+                    left.owner._span(left.operation, left.start, left.end, None, None)
                 if exc is None:
-                    _pending.set(_Pending(operation, start, end))
+                    _pending.set(_Pending(self, operation, start, end))
                     return
             self._span(operation, start, end, None, None, exc)
         except Exception:

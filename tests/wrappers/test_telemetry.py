@@ -317,3 +317,29 @@ def test_bad_telemetry_values_are_refused() -> None:
     with pytest.raises(quota.ConfigurationError, match="meter_provider"):
         Telemetry(meter_provider=object())
     assert _base.options_from(None, {"telemetry": False}).telemetry is None
+
+
+def test_concurrent_tasks_each_name_the_outcome_of_their_own_call(
+    sqlite_url: str, otel: Otel
+) -> None:
+    other = Otel()
+
+    async def main() -> list[bool]:
+        async with (
+            quota.connect_async(sqlite_url, telemetry=otel.telemetry) as limiter,
+            quota.connect_async(sqlite_url, telemetry=other.telemetry) as second,
+        ):
+            calls = [limiter.rate_limit(KEY, 5, 60) for _ in range(10)]
+            calls += [second.rate_limit("b", 1, 60) for _ in range(3)]
+            return [d.allowed for d in await asyncio.gather(*calls)]
+
+    try:
+        allowed = asyncio.run(main())
+        assert allowed.count(True) == 5 + 1
+        outcomes = Counter(s.attributes["quota.outcome"] for s in otel.spans())
+        assert outcomes == {"allowed": 5, "denied": 5}
+        assert Counter(s.attributes["quota.outcome"] for s in other.spans()) == {
+            "allowed": 1, "denied": 2,
+        }  # fmt: skip
+    finally:
+        other.shutdown()
