@@ -35,11 +35,13 @@ is logged (logger ``quota``, at warning, once per kind) and swallowed.
 from __future__ import annotations
 
 import contextvars
+import functools
 import importlib.metadata
 import logging
+import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -124,6 +126,27 @@ _pending: contextvars.ContextVar[_Pending | None] = contextvars.ContextVar(
 )
 
 
+# Meter provider -> the recorders reporting to it (held weakly: a limiter that is gone
+# stops being reported).
+_gauges: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Recorder]] = weakref.WeakKeyDictionary()
+_gauges_lock = threading.Lock()
+
+
+def _observe_fallbacks(recorders: weakref.WeakSet[Recorder], metrics: Any, options: object) -> Any:
+    """``quota.fallback.active`` by kind of store: 1 when any limiter's fallback decides."""
+    try:
+        with _gauges_lock:
+            live = list(recorders)
+        active: dict[str, int] = {}
+        for recorder in live:
+            kind = recorder.store_kind
+            active[kind] = max(active.get(kind, 0), int(recorder.fallback_active()))
+        return [metrics.Observation(value, {"store": kind}) for kind, value in active.items()]
+    except Exception:
+        log.warning("quota: telemetry failed (fallback gauge)", exc_info=True)
+        return []
+
+
 class Recorder:
     """The instruments of one limiter; every method swallows (and logs) its own failures."""
 
@@ -147,13 +170,19 @@ class Recorder:
             "quota.store.duration", unit="s", description="Duration of store calls."
         )
         self._fallback_of: Any = None
-        meter.create_observable_gauge(
-            "quota.fallback.active",
-            callbacks=[self._observe_fallback],
-            unit="1",
-            description="1 while the memory fallback decides (the store is down), else 0.",
-        )
-        self._observation = metrics.Observation
+        # One gauge per meter provider (a second one of the same name would be ignored),
+        # reading every limiter that reports to it.
+        with _gauges_lock:
+            recorders = _gauges.get(meters)
+            if recorders is None:
+                recorders = _gauges[meters] = weakref.WeakSet()
+                meter.create_observable_gauge(
+                    "quota.fallback.active",
+                    callbacks=[functools.partial(_observe_fallbacks, recorders, metrics)],
+                    unit="1",
+                    description="1 while the memory fallback decides (the store is down), else 0.",
+                )
+            recorders.add(self)
         # Attribute sets, built once each: the hot path only looks them up.
         self._decision_attrs: dict[tuple[bool, str], dict[str, str]] = {}
         self._call_attrs: dict[str, dict[str, str]] = {}
@@ -163,13 +192,10 @@ class Recorder:
         """Report `store`'s ``up`` (a fallback wrapper) as ``quota.fallback.active``; held weakly."""
         self._fallback_of = weakref.ref(store)
 
-    def _observe_fallback(self, options: object) -> Iterator[Any]:
-        try:
-            store = self._fallback_of() if self._fallback_of is not None else None
-            active = 0 if self._fallback_of is None else (0 if store is None or store.up else 1)
-            yield self._observation(active, {"store": self.store_kind})
-        except Exception:
-            self._failed("fallback gauge")
+    def fallback_active(self) -> bool:
+        """Whether this limiter's memory fallback decides now (its store is down)."""
+        store = self._fallback_of() if self._fallback_of is not None else None
+        return store is not None and not store.up
 
     def _failed(self, what: str) -> None:
         if what not in self._warned:

@@ -179,12 +179,17 @@ def test_durable_quota_decisions_are_counted(sqlite_url: str, otel: Otel) -> Non
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
-def test_the_fallback_state_is_reported_while_the_store_is_down(face: str, otel: Otel) -> None:
+def test_the_fallback_state_is_reported_while_the_store_is_down(
+    face: str, otel: Otel, sqlite_url: str
+) -> None:
     url = "postgresql://root@127.0.0.1:1/x"  # refuses at once
     fallback = Fallback(timeout=0.1, probe_interval=60)
+    # Another limiter on the same providers, its store up: reported beside it.
+    healthy = quota.connect(sqlite_url, telemetry=otel.telemetry, fallback=fallback)
 
     def active() -> list[tuple[Any, float]]:
-        return [(dict(p.attributes), p.value) for p in otel.points("quota.fallback.active")]
+        points = otel.points("quota.fallback.active")
+        return [(dict(p.attributes), p.value) for p in points if p.attributes["store"] != "sqlite"]
 
     if face == "sync":
         with quota.connect(url, telemetry=otel.telemetry, fallback=fallback) as limiter:
@@ -205,10 +210,16 @@ def test_the_fallback_state_is_reported_while_the_store_is_down(face: str, otel:
 
         down = asyncio.run(main())
     assert down == [({"store": "postgresql"}, 1)]
+    healthy.rate_limit(KEY, 2, 60)
+    assert [
+        p.value for p in otel.points("quota.fallback.active") if p.attributes["store"] == "sqlite"
+    ] == [0]
+    healthy.close()
     # The memory fallback decided: still counted, under the store configured.
     assert otel.decisions() == {
         ("allowed", "fixed_window", "postgresql"): 2,
         ("denied", "fixed_window", "postgresql"): 1,
+        ("allowed", "fixed_window", "sqlite"): 1,
     }
 
 
