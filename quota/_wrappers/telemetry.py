@@ -21,7 +21,8 @@ the kind of store (``sqlite``, ``postgresql``, ``redis``, ``memory``);
 ``operation`` is the store call (a statement's name, such as ``hit`` or
 ``sliding_window``, or an operation's, such as ``check``).
 ``quota.fallback.active`` is 1 while the memory fallback decides (the store
-is down), else 0.
+is down), else 0: one value per kind of store, 1 when any limiter of that kind
+reporting to the meter provider is on its fallback.
 
 Every store call is a span ``quota.<operation>`` with the attributes
 ``quota.store`` and ``quota.operation``; a call that decided also has
