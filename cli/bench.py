@@ -82,6 +82,11 @@ def demo(ctx: click.Context, clients: int) -> None:
     " what waiting for a slot costs a call that need not wait (rate scenario).",
 )  # fmt: skip
 @click.option(
+    "--telemetry", is_flag=True,
+    help="Compare quota with telemetry (OpenTelemetry SDK providers, nothing exported) against"
+    " quota without: what telemetry costs (rate scenario; needs opentelemetry-sdk).",
+)  # fmt: skip
+@click.option(
     "--pool-size", type=WHOLE, default=None,
     help="Connections quota's side may open (default: one per caller, like the bare side):"
     " fewer measures callers sharing a pool.",
@@ -100,6 +105,7 @@ def bench(
     algorithm: str,
     fallback: bool,
     acquire: bool,
+    telemetry: bool,
     pool_size: int | None,
     progress: bool | None,
     as_json: bool,
@@ -125,6 +131,6 @@ def bench(
         report = run_bench(
             _url(ctx), concurrency=concurrency, keys=keys, duration=duration, runs=runs, face=face,
             scenario=scenario, algorithm=algorithm, fallback=fallback, pool_size=pool_size,
-            acquire=acquire, progress=say,
+            acquire=acquire, telemetry=telemetry, progress=say,
         )  # fmt: skip
     _emit(report.as_dict(), as_json, report.table())

@@ -50,6 +50,7 @@ from quota._tools.doctor import Finding, diagnose
 from quota._wrappers.abuse import AbuseDetector
 from quota._wrappers.fallback import Fallback
 from quota._wrappers.metrics import Metrics
+from quota._wrappers.telemetry import Telemetry
 
 __version__ = "0.1.0"
 
@@ -80,6 +81,7 @@ __all__ = [
     "RefundResult",
     "SchemaError",
     "StorageError",
+    "Telemetry",
     "ThresholdEvent",
     "Usage",
     "UsageRecord",

@@ -69,6 +69,15 @@ def connect(
     `metrics` (a `quota.Metrics`) counts decisions by source (store,
     fallback, fail_open), store errors and store latency; `abuse` (a
     `quota.AbuseDetector`) hears of every denial.
+
+    With ``telemetry=True`` (the ``otel`` extra: ``pip install 'quota[otel]'``) the
+    limiter reports through the global OpenTelemetry meter and tracer providers
+    (scope ``quota``): the counter ``quota.decisions`` (attributes ``outcome``,
+    ``algorithm``, ``store``), the histogram ``quota.store.duration`` (seconds, by
+    ``store`` and ``operation``), the gauge ``quota.fallback.active``, and a span
+    ``quota.<operation>`` per store call; never a key. A `quota.Telemetry` passes
+    providers of its own. Telemetry never raises into the call (its failures are
+    logged); without the extra, ``telemetry=True`` is a `ConfigurationError`.
     """
     built = options_from(options, settings)
     return Limiter(open_sync_store(parse_url(url), built), built)

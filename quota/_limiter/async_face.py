@@ -71,6 +71,7 @@ from quota._stores.base import AsyncStore
 from quota._wrappers.batching import AsyncBatchingStore
 from quota._wrappers.fallback import AsyncResilientStore, StoreDown
 from quota._wrappers.metrics import AsyncMeteredStore
+from quota._wrappers.telemetry import AsyncTracedStore, Recorder
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -169,7 +170,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         except StoreDown:
             decision = closed_decision(key, rate, now, self._retry_down)
             if self._observing:
-                self._observe(decision, "fallback")
+                self._observe(decision, "fallback", rate.algorithm)
             return decision
         except SchemaError:
             raise
@@ -183,10 +184,12 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             decision = _algorithms.decide_rows(key, rate, cost, now, rows)
         if self._after and (self._observing or not decision.allowed):
             if waiting and not decision.allowed:
+                if self._telemetry is not None:  # an attempt, not a decision: its span only
+                    self._telemetry.decided(False, rate.algorithm, count=False)
                 return decision
             if self._record_denials and not decision.allowed:
                 await self._record_denial(decision, cost, now)
-            self._observe(decision)
+            self._observe(decision, algorithm=rate.algorithm)
         return decision
 
     async def _uncounted(
@@ -264,7 +267,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             )  # fmt: skip
             if sleep is None:
                 if self._after:
-                    self._observe(decision)
+                    self._observe(decision, algorithm=rate.algorithm)
                 raise RateLimitTimeout(
                     f"no slot for {key!r} under {rate} within {timeout:g}s"
                     f" (the next opens in {decision.retry_after_exact:.3f}s)",
@@ -505,6 +508,8 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             thresholds,
         )  # fmt: skip
         decision = await arun(self.store, make(), again=make)
+        if self._telemetry is not None:
+            self._telemetry.decided(decision.allowed, "quota")
         if decision.fired:
             self._events = True
             if self._on_threshold is not None:
@@ -689,6 +694,8 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             record_rate_denials=self._record_denials,
         )  # fmt: skip
         result = await arun(self.store, make(), again=make)
+        if self._telemetry is not None:
+            self._telemetry.decided(result.allowed, "check")
         fired = [
             event
             for decision in result.decisions
@@ -736,13 +743,19 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
 
 def open_async_store(parsed: StoreURL, options: Options) -> AsyncStore:
     """The store for `parsed` (see `quota._limiter.base.open_async`), wrapped as `options` say:
-    in group commit (`batching`), then in `metrics`, then in the memory `fallback`."""
+    in group commit (`batching`), then in `metrics`, then in the memory `fallback`, then in
+    `telemetry` (outermost: it sees the calls as the limiter makes them, fallback included)."""
     store = _base.open_async(parsed, options)
     if options.batching:
         store = AsyncBatchingStore(store, max_batch=options.max_batch)
     if options.metrics is not None:
         store = AsyncMeteredStore(store, options.metrics)
-    if options.fallback is None:
+    if options.fallback is not None:
+        memory = async_memory_fallback(options.fallback)
+        store = AsyncResilientStore(store, memory, options.fallback, parsed.url, options.metrics)
+    if options.telemetry is None:
         return store
-    memory = async_memory_fallback(options.fallback)
-    return AsyncResilientStore(store, memory, options.fallback, parsed.url, options.metrics)
+    recorder = Recorder(options.telemetry, parsed.dialect, answers=(_types.Abort,))
+    if options.fallback is not None:
+        recorder.watch_fallback(store)
+    return AsyncTracedStore(store, recorder)

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypedDict, TypeVar
 
-from quota._core.algorithms import Rate, open_decision
+from quota._core.algorithms import FIXED_WINDOW, Rate, open_decision
 from quota._core.decision import MAX_LIMIT, Decision, check_int, check_now
 from quota._core.errors import ConfigurationError
 from quota._core.url import StoreURL, check_schema
@@ -34,6 +34,7 @@ from quota._wrappers.abuse import AbuseDetector
 from quota._wrappers.batching import DEFAULT_MAX_BATCH
 from quota._wrappers.fallback import Fallback, retry_after_down
 from quota._wrappers.metrics import Metrics
+from quota._wrappers.telemetry import Recorder, Telemetry, _Traced
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], object]
@@ -93,6 +94,10 @@ class Options:
     """Count decisions (by source), store errors and store latency into this `quota.Metrics`."""
     abuse: AbuseDetector | None = None
     """Tell this `quota.AbuseDetector` about every denial (alerts when one key is hammered)."""
+    telemetry: Telemetry | None = None
+    """Report decisions, store call durations, the fallback's state and a span per store
+    call to OpenTelemetry (a `quota.Telemetry`; the ``otel`` extra). Keys are never
+    recorded. See `quota.Telemetry`."""
     sleep: Sleep | None = None
     """What `acquire` calls to wait that many seconds: a plain function, called (never
     awaited) by both faces. Inject one beside ``clock`` in tests (it should advance that
@@ -144,6 +149,10 @@ class Options:
         check_int("max_batch", self.max_batch, maximum=100_000)
         if self.metrics is not None and not isinstance(self.metrics, Metrics):
             raise ConfigurationError(f"metrics must be a quota.Metrics, got {self.metrics!r}")
+        if self.telemetry is not None and not isinstance(self.telemetry, Telemetry):
+            raise ConfigurationError(
+                f"telemetry must be a bool or a quota.Telemetry, got {self.telemetry!r}"
+            )
         if self.abuse is not None and not isinstance(self.abuse, AbuseDetector):
             raise ConfigurationError(f"abuse must be a quota.AbuseDetector, got {self.abuse!r}")
         if self.sleep is not None and not callable(self.sleep):
@@ -183,7 +192,8 @@ class OptionsDict(TypedDict, total=False):
     """The keyword settings of `quota.connect` and `quota.connect_async`: `Options`' fields.
 
     Only for typing ``**settings``; `options_from` builds the `Options`, which
-    validate. `fallback` also takes a bool (True: ``Fallback()``). A test keeps
+    validate. `fallback` also takes a bool (True: ``Fallback()``), and so does
+    `telemetry` (True: ``Telemetry()``). A test keeps
     the names and types in step with `Options`.
     """
 
@@ -201,6 +211,7 @@ class OptionsDict(TypedDict, total=False):
     durability: str
     metrics: Metrics | None
     abuse: AbuseDetector | None
+    telemetry: bool | Telemetry | None
     sleep: Sleep | None
     on_threshold: OnThreshold | None
 
@@ -228,6 +239,8 @@ def options_from(options: Options | None, settings: Mapping[str, object]) -> Opt
         )
     if "fallback" in settings:
         settings = {**settings, "fallback": _fallback(settings["fallback"])}
+    if "telemetry" in settings:
+        settings = {**settings, "telemetry": _telemetry(settings["telemetry"])}
     return Options(**settings)  # type: ignore[arg-type]
 
 
@@ -239,6 +252,16 @@ def _fallback(fallback: object) -> Fallback | None:
     if isinstance(fallback, Fallback):
         return fallback
     raise ConfigurationError(f"fallback must be a bool or a quota.Fallback, got {fallback!r}")
+
+
+def _telemetry(telemetry: object) -> Telemetry | None:
+    if telemetry is True:
+        return Telemetry()
+    if telemetry is False or telemetry is None:
+        return None
+    if isinstance(telemetry, Telemetry):
+        return telemetry
+    raise ConfigurationError(f"telemetry must be a bool or a quota.Telemetry, got {telemetry!r}")
 
 
 StoreT = TypeVar("StoreT", SyncStore, AsyncStore)
@@ -260,7 +283,12 @@ class LimiterBase(Generic[StoreT]):
         self._fallback = options.fallback
         self._metrics = options.metrics
         self._abuse = options.abuse
-        self._observing = options.metrics is not None or options.abuse is not None
+        # The telemetry wrapper is outermost (see open_sync_store): the limiter tells its
+        # recorder each decision.
+        self._telemetry: Recorder | None = store.recorder if isinstance(store, _Traced) else None
+        self._observing = (
+            options.metrics is not None or options.abuse is not None or self._telemetry is not None
+        )
         self._retry_down = retry_after_down(options.fallback) if options.fallback else 1
         self._record_denials = options.record_rate_denials
         # One test on the hot path for everything that happens after a decision.
@@ -271,8 +299,11 @@ class LimiterBase(Generic[StoreT]):
         # Whether the outbox table (revision 0008_thresholds) is known to be there.
         self._events = False
 
-    def _observe(self, decision: Decision, source: str = "") -> None:
-        """Tell the metrics and the abuse detector (those configured) about one decision."""
+    def _observe(self, decision: Decision, source: str = "", algorithm: str = FIXED_WINDOW) -> None:
+        """Tell the metrics, the telemetry and the abuse detector (those configured) about
+        one decision made under `algorithm`."""
+        if self._telemetry is not None:
+            self._telemetry.decided(decision.allowed, algorithm)
         if self._metrics is not None:
             if not source:
                 source = "store" if self.store.up else "fallback"
@@ -285,7 +316,7 @@ class LimiterBase(Generic[StoreT]):
         log.exception("quota: neither the store nor the memory fallback decided; allowing")
         decision = open_decision(key, rate, cost, now)
         if self._observing:
-            self._observe(decision, "fail_open")
+            self._observe(decision, "fail_open", rate.algorithm)
         return decision
 
 

@@ -73,6 +73,7 @@ from quota._stores.base import SyncStore
 from quota._wrappers.batching import BatchingStore
 from quota._wrappers.fallback import ResilientStore, StoreDown
 from quota._wrappers.metrics import MeteredStore
+from quota._wrappers.telemetry import Recorder, TracedStore
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -169,7 +170,7 @@ class Limiter(LimiterBase[SyncStore]):
         except StoreDown:
             decision = closed_decision(key, rate, now, self._retry_down)
             if self._observing:
-                self._observe(decision, "fallback")
+                self._observe(decision, "fallback", rate.algorithm)
             return decision
         except SchemaError:
             raise
@@ -183,10 +184,12 @@ class Limiter(LimiterBase[SyncStore]):
             decision = _algorithms.decide_rows(key, rate, cost, now, rows)
         if self._after and (self._observing or not decision.allowed):
             if waiting and not decision.allowed:
+                if self._telemetry is not None:  # an attempt, not a decision: its span only
+                    self._telemetry.decided(False, rate.algorithm, count=False)
                 return decision
             if self._record_denials and not decision.allowed:
                 self._record_denial(decision, cost, now)
-            self._observe(decision)
+            self._observe(decision, algorithm=rate.algorithm)
         return decision
 
     def _uncounted(
@@ -264,7 +267,7 @@ class Limiter(LimiterBase[SyncStore]):
             )  # fmt: skip
             if sleep is None:
                 if self._after:
-                    self._observe(decision)
+                    self._observe(decision, algorithm=rate.algorithm)
                 raise RateLimitTimeout(
                     f"no slot for {key!r} under {rate} within {timeout:g}s"
                     f" (the next opens in {decision.retry_after_exact:.3f}s)",
@@ -501,6 +504,8 @@ class Limiter(LimiterBase[SyncStore]):
             thresholds,
         )  # fmt: skip
         decision = run(self.store, make(), again=make)
+        if self._telemetry is not None:
+            self._telemetry.decided(decision.allowed, "quota")
         if decision.fired:
             self._events = True
             if self._on_threshold is not None:
@@ -679,6 +684,8 @@ class Limiter(LimiterBase[SyncStore]):
             record_rate_denials=self._record_denials,
         )  # fmt: skip
         result = run(self.store, make(), again=make)
+        if self._telemetry is not None:
+            self._telemetry.decided(result.allowed, "check")
         fired = [
             event
             for decision in result.decisions
@@ -726,13 +733,19 @@ class Limiter(LimiterBase[SyncStore]):
 
 def open_sync_store(parsed: StoreURL, options: Options) -> SyncStore:
     """The store for `parsed` (see `quota._limiter.base.open_sync`), wrapped as `options` say:
-    in group commit (`batching`), then in `metrics`, then in the memory `fallback`."""
+    in group commit (`batching`), then in `metrics`, then in the memory `fallback`, then in
+    `telemetry` (outermost: it sees the calls as the limiter makes them, fallback included)."""
     store = _base.open_sync(parsed, options)
     if options.batching:
         store = BatchingStore(store, max_batch=options.max_batch)
     if options.metrics is not None:
         store = MeteredStore(store, options.metrics)
-    if options.fallback is None:
+    if options.fallback is not None:
+        memory = memory_fallback(options.fallback)
+        store = ResilientStore(store, memory, options.fallback, parsed.url, options.metrics)
+    if options.telemetry is None:
         return store
-    memory = memory_fallback(options.fallback)
-    return ResilientStore(store, memory, options.fallback, parsed.url, options.metrics)
+    recorder = Recorder(options.telemetry, parsed.dialect, answers=(_types.Abort,))
+    if options.fallback is not None:
+        recorder.watch_fallback(store)
+    return TracedStore(store, recorder)

@@ -19,6 +19,12 @@ compare with: it reports quota's decisions per second on one thread.
 With ``acquire`` both sides are quota on the same rate (``algorithm``): `hit` as the
 baseline, `acquire` on the other side, every slot free, so the ratio is what waiting for
 a slot costs a call that need not wait.
+
+With ``telemetry`` both sides are quota too: without telemetry as the baseline, and with
+``telemetry=`` on the other side, reporting to an OpenTelemetry SDK meter provider read by
+an in-memory reader and an SDK tracer provider with no span processor: every instrument
+and span is made as in production, and nothing is exported, so the ratio is quota's own
+cost, not an exporter's.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import sqlite3
 import statistics
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +51,7 @@ from quota._sql.migrate import migrate
 from quota._sql.statements import Statement
 from quota._sql.steps import Rows, Step
 from quota._stores.sqlite import aset_up, set_up
+from quota._wrappers.telemetry import Telemetry
 
 WINDOW = 3600
 LIMIT = 2**60
@@ -72,6 +79,8 @@ class BenchReport:
     """The baseline is quota itself without a fallback, the other side quota with one."""
     acquire: bool = False
     """The baseline is quota's `hit`, the other side `acquire` of the same rate."""
+    telemetry: bool = False
+    """The baseline is quota itself without telemetry, the other side quota with it."""
 
     @property
     def ratios(self) -> list[float]:
@@ -84,6 +93,7 @@ class BenchReport:
             "algorithm": self.algorithm,
             "fallback": self.fallback,
             "acquire": self.acquire,
+            "telemetry": self.telemetry,
             "url": self.url,
             "face": self.face,
             "driver": self.driver,
@@ -109,6 +119,8 @@ class BenchReport:
         base, side = (
             ("quota, no fallback", "quota, fallback=True")
             if self.fallback
+            else ("quota, no telemetry", "quota, telemetry")
+            if self.telemetry
             else ("quota hit", "quota acquire")
             if self.acquire
             else ("bare " + self.driver, "quota")
@@ -126,6 +138,8 @@ class BenchReport:
             what = (
                 "fallback on/off"
                 if self.fallback
+                else "telemetry on/off"
+                if self.telemetry
                 else "acquire/hit"
                 if self.acquire
                 else "quota/bare"
@@ -279,11 +293,41 @@ async def _async_bare_redis(
 # -- the sync face ------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _telemetry(on: bool) -> Iterator[Telemetry | None]:
+    """With `on`, SDK providers that record everything and export nothing (see the module
+    docstring), shut down afterwards; else None."""
+    if not on:
+        yield None
+        return
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+    except ImportError as exc:
+        raise ConfigurationError(
+            "bench --telemetry needs the OpenTelemetry SDK: pip install opentelemetry-sdk"
+        ) from exc
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    tracers = TracerProvider()
+    try:
+        yield Telemetry(meter_provider=meters, tracer_provider=tracers)
+    finally:
+        meters.shutdown()
+        tracers.shutdown()
+
+
 def _sync_quota(
     url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
     fallback: bool = False, pool_size: int | None = None, call: str = "rate_limit",
+    telemetry: bool = False,
 ) -> float:  # fmt: skip
-    with connect(url, pool_size=pool_size or concurrency, fallback=fallback) as limiter:
+    with (
+        _telemetry(telemetry) as otel,
+        connect(
+            url, pool_size=pool_size or concurrency, fallback=fallback, telemetry=otel
+        ) as limiter,
+    ):
 
         def work(i: int, go: Callable[[], bool]) -> int:
             next_key, n = _key_stream(keys, i), 0
@@ -380,9 +424,22 @@ def _sync_bare(parsed: StoreURL, concurrency: int, keys: int, duration: float) -
 async def _async_quota(
     url: str, concurrency: int, keys: int, duration: float, algorithm: str = FIXED_WINDOW,
     fallback: bool = False, pool_size: int | None = None, call: str = "rate_limit",
+    telemetry: bool = False,
 ) -> float:  # fmt: skip
     pool_size = pool_size or concurrency
-    async with connect_async(url, pool_size=pool_size, fallback=fallback) as limiter:
+    with _telemetry(telemetry) as otel:
+        return await _async_quota_with(
+            url, concurrency, keys, duration, algorithm, fallback, pool_size, call, otel
+        )
+
+
+async def _async_quota_with(
+    url: str, concurrency: int, keys: int, duration: float, algorithm: str, fallback: bool,
+    pool_size: int, call: str, telemetry: Telemetry | None,
+) -> float:  # fmt: skip
+    async with connect_async(
+        url, pool_size=pool_size, fallback=fallback, telemetry=telemetry
+    ) as limiter:
         # Open the pool up front: connecting is not what is measured.
         await asyncio.gather(
             *(limiter.rate_limit(f"{KEY_PREFIX}:warm", LIMIT, WINDOW) for _ in range(pool_size))
@@ -460,7 +517,7 @@ def run_bench(
     url: str, *, concurrency: int = 8, keys: int = 1000, duration: float = 3.0, runs: int = 3,
     face: str = "auto", scenario: str = "rate", algorithm: str = FIXED_WINDOW,
     fallback: bool = False, pool_size: int | None = None, acquire: bool = False,
-    progress: Callable[[str], None] | None = None,
+    telemetry: bool = False, progress: Callable[[str], None] | None = None,
 ) -> BenchReport:  # fmt: skip
     """Measure `runs` alternating pairs of (bare driver, quota) runs on `url`; see the module doc.
 
@@ -472,6 +529,8 @@ def run_bench(
     quota with ``fallback=True``: what the resilience layer costs a healthy store.
     With `acquire`, the baseline is quota's ``hit`` of the rate and the other side
     ``acquire`` of it, every slot free: what waiting costs a call that need not wait.
+    With `telemetry`, the baseline is quota without telemetry and the other side quota
+    with it (SDK providers, nothing exported): what OpenTelemetry costs.
     `pool_size` bounds quota's connections (default: one per caller; the bare
     side always has one per caller): fewer shows what sharing them costs.
     `progress`, when given, receives one line as the measuring starts and one
@@ -510,9 +569,14 @@ def run_bench(
         raise ConfigurationError("fallback compares the rate scenario on SQLite or PostgreSQL")
     if acquire and (scenario != "rate" or fallback):
         raise ConfigurationError("acquire compares hit and acquire in the rate scenario only")
+    if telemetry and (scenario != "rate" or fallback or acquire or not parsed.kind.sql):
+        raise ConfigurationError(
+            "telemetry compares the rate scenario on SQLite or PostgreSQL, alone"
+            " (without fallback or acquire)"
+        )
     report = BenchReport(
         url, face, driver, concurrency, keys, duration, scenario=scenario, algorithm=algorithm,
-        fallback=fallback, acquire=acquire,
+        fallback=fallback, acquire=acquire, telemetry=telemetry,
     )  # fmt: skip
     say = progress or (lambda _line: None)
     say(
@@ -522,6 +586,8 @@ def run_bench(
     labels = (
         {"bare": "quota without fallback", "quota": "quota with fallback"}
         if fallback
+        else {"bare": "quota without telemetry", "quota": "quota with telemetry"}
+        if telemetry
         else {"bare": "quota hit", "quota": "quota acquire"}
         if acquire
         else {"bare": f"bare {driver}", "quota": "quota"}
@@ -581,6 +647,7 @@ def _measure(
     concurrency, keys, duration, fallback, acquire = (
         report.concurrency, report.keys, report.duration, report.fallback, report.acquire,
     )  # fmt: skip
+    telemetry = report.telemetry
     for run in range(runs):
         order: tuple[str, ...] = ("bare", "quota") if run % 2 == 0 else ("quota", "bare")
         if parsed.kind.in_process and not acquire:
@@ -593,19 +660,20 @@ def _measure(
                 rate = _bench_quotas.measure(
                     scenario, side, face, parsed, base_url, concurrency, keys, duration
                 )
-            elif fallback or acquire or side == "quota":
-                # With `fallback` or `acquire`, both sides are quota.
+            elif fallback or acquire or telemetry or side == "quota":
+                # With `fallback`, `acquire` or `telemetry`, both sides are quota.
                 on = fallback and side == "quota"
+                traced = telemetry and side == "quota"
                 rate = (
                     _sync_quota(
                         base_url, concurrency, keys, duration, algorithm, fallback=on,
-                        pool_size=pool_size, call=call,
+                        pool_size=pool_size, call=call, telemetry=traced,
                     )
                     if face == "sync"
                     else asyncio.run(
                         _async_quota(
                             base_url, concurrency, keys, duration, algorithm, fallback=on,
-                            pool_size=pool_size, call=call,
+                            pool_size=pool_size, call=call, telemetry=traced,
                         )
                     )
                 )  # fmt: skip

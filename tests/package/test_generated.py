@@ -100,6 +100,9 @@ def test_the_settings_dict_names_the_options_fields_with_their_types() -> None:
     # connect takes fallback=True for `Fallback()` and False for none.
     assert settings.pop("fallback") == bool | quota.Fallback | None
     assert fields.pop("fallback") == quota.Fallback | None
+    # and telemetry=True for `Telemetry()`.
+    assert settings.pop("telemetry") == bool | quota.Telemetry | None
+    assert fields.pop("telemetry") == quota.Telemetry | None
     assert settings == fields
 
 

@@ -121,3 +121,47 @@ def test_bench_acquire_runs_hit_and_acquire_side_by_side(
 def test_bench_acquire_is_for_the_rate_scenario() -> None:
     result = bench("memory://", "--acquire", "--scenario", "quota")
     assert result.exit_code != 0 and "acquire" in result.output
+
+
+def test_bench_telemetry_runs_quota_with_and_without_it(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quota._wrappers.telemetry import Recorder
+
+    decided = []
+    original = Recorder.decided
+
+    def spy(self: Recorder, allowed: bool, algorithm: str, *, count: bool = True) -> None:
+        decided.append(allowed)
+        original(self, allowed, algorithm, count=count)
+
+    monkeypatch.setattr(Recorder, "decided", spy)
+    sides = []
+    telemetry = _bench._telemetry
+
+    def watched(on: bool):  # type: ignore[no-untyped-def]
+        sides.append(on)
+        return telemetry(on)
+
+    monkeypatch.setattr(_bench, "_telemetry", watched)
+
+    result = bench(sqlite_url, "--telemetry")
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["telemetry"] is True
+    assert len(report["bare_per_s"]) == len(report["quota_per_s"]) == 2
+    assert report["ratio_median"] > 0
+    # Run 1 is baseline then telemetry, run 2 the other way round.
+    assert sides == [False, True, True, False]
+    assert decided and all(decided)
+    text = CliRunner().invoke(
+        main, ["--url", sqlite_url, "bench", "-c", "1", "-k", "3", "-d", "0.1", "-r", "1",
+               "--telemetry"],
+    )  # fmt: skip
+    assert "ratio telemetry on/off" in text.output, text.output
+
+
+def test_bench_telemetry_is_for_the_rate_scenario_on_sql() -> None:
+    result = bench("memory://", "--telemetry")
+    assert result.exit_code != 0 and "telemetry" in result.output
