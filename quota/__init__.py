@@ -8,7 +8,7 @@
 
 Durable quotas (money: LLM calls, paid API units) live apart from rate windows:
 ``limiter.consume_quota(subject, name, limit, "day", idempotency_key=...)``,
-``refund_quota``, ``grant_quota``, ``ledger``, ``export`` (usage and ledger
+``refund_quota``, ``grant_quota``, ``reserve_quota`` then ``settle_quota``, ``ledger``, ``export`` (usage and ledger
 for billing), and ``limiter.check(...)`` for several limits at once, all or nothing.
 
 See the documentation (docs/) for the async face, migrations and the CLI.
@@ -23,6 +23,7 @@ from quota._core.errors import (
     Overloaded,
     QuotaError,
     RateLimitTimeout,
+    ReservationNotFound,
     SchemaError,
     StorageError,
 )
@@ -40,6 +41,7 @@ from quota._limiter.quota_types import (
     QuotaUsage,
     RateWindow,
     RefundResult,
+    Reservation,
 )
 from quota._sql.migrate import current_revision, downgrade, migrate
 from quota._sql.ops import CleanupResult, Usage
@@ -75,6 +77,8 @@ __all__ = [
     "RateLimitTimeout",
     "RateWindow",
     "RefundResult",
+    "Reservation",
+    "ReservationNotFound",
     "SchemaError",
     "StorageError",
     "Usage",

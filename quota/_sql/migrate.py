@@ -334,6 +334,8 @@ DURABLE_TABLES: dict[str, tuple[str, ...]] = {
     # Not data, but blocks running now: dropping their slots would let more in than
     # their limit (a dead holder's lease, expired, is no row to keep).
     "0006_leases": ("quota_leases",),
+    # Every settle is a charge the ledger's downgrade would lose with its kind.
+    "0007_reservations": ("quota_reservations",),
 }
 #: What counts as a held row: a deleted override or setting stays a while as a
 #: stamped row saying nothing (so every worker drops it at the same moment), and a
