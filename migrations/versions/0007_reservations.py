@@ -40,18 +40,43 @@ def _kinds(kinds: tuple[str, ...]) -> str:
     return "kind IN (" + ", ".join(f"'{k}'" for k in kinds) + ")"
 
 
-def _ledger_kinds(kinds: tuple[str, ...]) -> None:
-    if context.get_context().dialect.name == "postgresql":
-        op.drop_constraint("ck_quota_ledger_kind", "quota_ledger", type_="check")
-        op.create_check_constraint("ck_quota_ledger_kind", "quota_ledger", _kinds(kinds))
+def _sqlite_ledger(kinds: tuple[str, ...], *, reservations: bool) -> sa.Table:
+    """The SQLite ledger as it stands before a table copy (batch mode copies from it
+    rather than reflect it, so ``quota migrate --sql`` can print the copy too)."""
+    columns = [
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("at", sa.Float, nullable=False),
+        sa.Column("subject", sa.Text, nullable=False),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("kind", sa.Text, nullable=False),
+        sa.Column("cost", sa.BigInteger, nullable=False),
+        sa.Column("idempotency_key", sa.Text, nullable=True),
+        sa.Column("period_start", sa.BigInteger, nullable=True),
+        sa.Column("period_end", sa.BigInteger, nullable=True),
+        sa.Column("quota_limit", sa.BigInteger, nullable=True),
+        sa.Column("used", sa.BigInteger, nullable=True),
+        sa.Column("remaining", sa.BigInteger, nullable=True),
+        sa.Column("refunded_at", sa.Float, nullable=True),
+    ]
+    if reservations:
+        columns += [
+            sa.Column("reservation_id", sa.Text, nullable=True),
+            sa.Column("reserved", sa.BigInteger, nullable=True),
+        ]
+    return sa.Table(
+        "quota_ledger",
+        sa.MetaData(),
+        *columns,
+        sa.CheckConstraint(_kinds(kinds), name="ck_quota_ledger_kind"),
+    )
+
+
+def _sqlite_ledger_indexes(create: bool) -> None:
+    if not create:
+        op.drop_index("uq_quota_ledger_idempotency", table_name="quota_ledger")
+        op.drop_index("ix_quota_ledger_subject_at", table_name="quota_ledger")
+        op.drop_index("ix_quota_ledger_at", table_name="quota_ledger")
         return
-    # A table copy drops what batch mode cannot reflect (the partial index): made again below.
-    op.drop_index("uq_quota_ledger_idempotency", table_name="quota_ledger")
-    op.drop_index("ix_quota_ledger_subject_at", table_name="quota_ledger")
-    op.drop_index("ix_quota_ledger_at", table_name="quota_ledger")
-    with op.batch_alter_table("quota_ledger", recreate="always") as batch:
-        batch.drop_constraint("ck_quota_ledger_kind", type_="check")
-        batch.create_check_constraint("ck_quota_ledger_kind", _kinds(kinds))
     op.create_index(
         "uq_quota_ledger_idempotency",
         "quota_ledger",
@@ -71,9 +96,21 @@ def upgrade() -> None:
         "quota_usage", sa.Column("reserved", sa.BigInteger, nullable=False, server_default="0")
     )
     op.add_column("quota_usage", sa.Column("next_expiry", sa.Float, nullable=True))
-    op.add_column("quota_ledger", sa.Column("reservation_id", text, nullable=True))
-    op.add_column("quota_ledger", sa.Column("reserved", sa.BigInteger, nullable=True))
-    _ledger_kinds(KINDS)
+    if postgres:
+        op.add_column("quota_ledger", sa.Column("reservation_id", text, nullable=True))
+        op.add_column("quota_ledger", sa.Column("reserved", sa.BigInteger, nullable=True))
+        op.drop_constraint("ck_quota_ledger_kind", "quota_ledger", type_="check")
+        op.create_check_constraint("ck_quota_ledger_kind", "quota_ledger", _kinds(KINDS))
+    else:
+        # SQLite cannot alter a constraint: a copy of the table, its indexes made again.
+        _sqlite_ledger_indexes(create=False)
+        old = _sqlite_ledger(OLD_KINDS, reservations=False)
+        with op.batch_alter_table("quota_ledger", recreate="always", copy_from=old) as batch:
+            batch.add_column(sa.Column("reservation_id", sa.Text, nullable=True))
+            batch.add_column(sa.Column("reserved", sa.BigInteger, nullable=True))
+            batch.drop_constraint("ck_quota_ledger_kind", type_="check")
+            batch.create_check_constraint("ck_quota_ledger_kind", _kinds(KINDS))
+        _sqlite_ledger_indexes(create=True)
     op.create_table(
         "quota_reservations",
         sa.Column("id", text, nullable=False),
@@ -121,18 +158,25 @@ def downgrade() -> None:
     op.drop_index("ix_quota_reservations_expires_at", table_name="quota_reservations")
     op.drop_index("ix_quota_reservations_live", table_name="quota_reservations")
     op.drop_table("quota_reservations")
-    # The old constraint would refuse the new kinds: their entries go with the revision.
+    # The old constraint would refuse the new kinds: their entries go with the revision
+    # (the downgrade guard refuses while reservations, and so settles, are there).
     op.execute("DELETE FROM quota_ledger WHERE kind IN ('reserve', 'settle', 'release')")
-    _ledger_kinds(OLD_KINDS)
     if context.get_context().dialect.name == "postgresql":
+        op.drop_constraint("ck_quota_ledger_kind", "quota_ledger", type_="check")
+        op.create_check_constraint("ck_quota_ledger_kind", "quota_ledger", _kinds(OLD_KINDS))
         op.drop_column("quota_ledger", "reserved")
         op.drop_column("quota_ledger", "reservation_id")
         op.drop_column("quota_usage", "next_expiry")
         op.drop_column("quota_usage", "reserved")
         return
-    with op.batch_alter_table("quota_ledger") as batch:
+    _sqlite_ledger_indexes(create=False)
+    new = _sqlite_ledger(KINDS, reservations=True)
+    with op.batch_alter_table("quota_ledger", recreate="always", copy_from=new) as batch:
         batch.drop_column("reserved")
         batch.drop_column("reservation_id")
-    with op.batch_alter_table("quota_usage") as batch:
-        batch.drop_column("next_expiry")
-        batch.drop_column("reserved")
+        batch.drop_constraint("ck_quota_ledger_kind", type_="check")
+        batch.create_check_constraint("ck_quota_ledger_kind", _kinds(OLD_KINDS))
+    _sqlite_ledger_indexes(create=True)
+    # SQLite 3.35+ drops a column in place.
+    op.drop_column("quota_usage", "next_expiry")
+    op.drop_column("quota_usage", "reserved")

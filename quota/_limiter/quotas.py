@@ -936,7 +936,7 @@ def _release_due(subject: str, name: str, start: int, now: float) -> Op[tuple[in
     used, granted, reserved = int(rows[0][0]), int(rows[0][1]), int(rows[0][2])
     limit, end = _opt_int(rows[0][3]), int(rows[0][4])
     remaining = None if limit is None else max(0, limit + granted - used)
-    for id_, held, key in sorted(released):
+    for id_, held, key in sorted(released, key=lambda row: str(row[0])):
         yield (
             q.LEDGER_APPEND_RESERVATION,
             (now, subject, name, RELEASE, int(held), key, start, end, limit, used, remaining,
