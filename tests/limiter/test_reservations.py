@@ -480,3 +480,24 @@ def test_processes_reserving_and_settling_while_some_are_killed_keep_the_books(
     reservation_url: str,
 ) -> None:
     _reserve_and_settle_under_kills(reservation_url)
+
+
+def test_the_export_carries_reservations(q: Q) -> None:
+    if q.backend.is_async:
+        pytest.skip(
+            "the export's iteration is the same code on both faces (tests/limiter/test_export.py)"
+        )
+    held = q.reserve(40)
+    q.reserve(10)
+    q.settle_quota(held.id, 25)
+    start = int(q.clock.now) - int(q.clock.now) % DAY
+    records = list(q.limiter.export(start, start + DAY, ledger=True))
+    usage = [r for r in records if r.type == "usage"]
+    entries = [r for r in records if r.type == "ledger"]
+    assert [(u.used, u.reserved) for u in usage] == [(25, 10)]
+    assert [(e.kind, e.cost, e.reservation_id, e.reserved) for e in entries] == [
+        ("reserve", 40, held.id, 40),
+        ("reserve", 10, entries[1].reservation_id, 10),
+        ("settle", 25, held.id, 40),
+    ]
+    assert "reserved" in quota.UsageRecord.__dataclass_fields__
