@@ -457,7 +457,7 @@ class AsyncRedisClusterStore(_ClusterStore, AsyncRedisStore):
                     else:
                         # redis-py 5.x, as its own execute_command does: close every
                         # connection, discover again.
-                        with contextlib.suppress(*self._errors, OSError):
+                        with contextlib.suppress(self._errors, OSError):
                             await client.aclose()
             for command in batch:
                 replies[command.position] = command.result
