@@ -174,11 +174,13 @@ def cleanup(
 ) -> None:  # fmt: skip
     """Delete rate windows and algorithm state that have ended. Never touches durable quotas' usage.
 
-    The quota ledger is kept forever unless --ledger-older-than is given:
-    then its entries older than that go too (idempotency keys of charges
-    deleted with them are forgotten). Threshold events delivered by
-    `quota notify` go once older than --ledger-older-than (30 days without
-    it); events not delivered yet are kept.
+    Reservations of durable quotas not settled within their ttl are released
+    (a ``release`` ledger entry each). The quota ledger is kept forever unless
+    --ledger-older-than is given: then its entries older than that go too,
+    with the reservations that ended before then (idempotency keys of charges
+    and reservations deleted with them are forgotten). Threshold events
+    delivered by `quota notify` go once older than --ledger-older-than (30 days
+    without it); events not delivered yet are kept.
 
     On PostgreSQL only one cleanup runs at a time: a second one says so and
     exits 0. Ctrl-C stops a cleanup between two batches (every batch deleted
@@ -206,6 +208,9 @@ def cleanup(
             text = f"{result.expired:,} expired row(s) would be deleted"
         else:
             text = f"deleted {result.deleted:,} expired row(s)"
+        if result.released:
+            verb = "would be released" if result.dry_run else "released"
+            text += f"\n{result.released:,} reservation(s) past their ttl {verb}"
         data: dict[str, Any] = asdict(result)
         if ledger_older_than is not None:
             sweep.ledger = True

@@ -87,7 +87,7 @@ def _since(_ctx: click.Context, _param: click.Parameter, value: str | None) -> f
 @url_option
 @click.pass_context
 def usage(ctx: click.Context, subject: str, include_ended: bool, as_json: bool) -> None:
-    """SUBJECT's durable quotas: used, limit, granted, remaining and reset, per period.
+    """SUBJECT's durable quotas: used, reserved, limit, granted, remaining and reset, per period.
 
     Lists the periods running now (the limit shown is that of the last
     consumption; '-' when the period only saw grants).
@@ -95,8 +95,8 @@ def usage(ctx: click.Context, subject: str, include_ended: bool, as_json: bool) 
     with _errors(), _limiter(ctx) as limiter:
         rows = Admin(limiter).usage(subject, include_ended=include_ended)
     header = (
-        f"{'NAME':<20} {'PERIOD':<20} {'USED':>10} {'LIMIT':>10} {'GRANTED':>8}"
-        f" {'REMAINING':>10}  {'RESETS IN':>9}  RESETS AT (UTC)"
+        f"{'NAME':<20} {'PERIOD':<20} {'USED':>10} {'RESERVED':>10} {'LIMIT':>10}"
+        f" {'GRANTED':>8} {'REMAINING':>10}  {'RESETS IN':>9}  RESETS AT (UTC)"
     )
     lines = [header]
     now = time.time()
@@ -104,8 +104,8 @@ def usage(ctx: click.Context, subject: str, include_ended: bool, as_json: bool) 
         period = f"{u.period}@{u.tz}" if u.tz and u.tz != "UTC" else str(u.period)
         left = human_duration(u.resets_at - now) if u.resets_at > now else "ended"
         lines.append(
-            f"{u.name:<20} {period:<20} {u.used:>10} {_dash(u.limit):>10} {u.granted:>8}"
-            f" {_dash(u.remaining):>10}  {left:>9}  {utc(u.resets_at)}"
+            f"{u.name:<20} {period:<20} {u.used:>10} {u.reserved:>10} {_dash(u.limit):>10}"
+            f" {u.granted:>8} {_dash(u.remaining):>10}  {left:>9}  {utc(u.resets_at)}"
         )
     if not rows:
         lines.append(f"(no quota of {subject!r} in a running period)")
@@ -173,7 +173,7 @@ def refund(
 
 _LEDGER_FIELDS = [
     "id", "time", "at", "subject", "name", "kind", "cost", "idempotency_key", "period_start",
-    "resets_at", "limit", "used", "remaining", "refunded_at",
+    "resets_at", "limit", "used", "remaining", "refunded_at", "reservation_id", "reserved",
 ]  # fmt: skip
 
 
@@ -190,7 +190,8 @@ _LEDGER_FIELDS = [
 def ledger(
     ctx: click.Context, subject: str, since: float | None, as_json: bool, as_csv: bool
 ) -> None:
-    """SUBJECT's ledger, oldest first: every consume, denial, refund and grant."""
+    """SUBJECT's ledger, oldest first: every consume, denial, refund, grant, reserve, settle
+    and release."""
     if as_json and as_csv:
         raise click.UsageError("give --json or --csv, not both")
     with _errors(), _limiter(ctx) as limiter:
@@ -203,10 +204,12 @@ def ledger(
         writer.writerows(rows)
         click.echo(out.getvalue(), nl=False)
         return
-    lines = [f"{'TIME (UTC)':<24} {'KIND':<11} {'NAME':<16} {'COST':>6} {'USED':>8}  KEY"]
+    lines = [
+        f"{'TIME (UTC)':<24} {'KIND':<11} {'NAME':<16} {'COST':>6} {'USED':>8} {'RESERVED':>8}  KEY"
+    ]
     lines += [
         f"{utc(r['at']):<24} {r['kind']:<11} {r['name']:<16} {r['cost']:>6}"
-        f" {_dash(r['used']):>8}  {r['idempotency_key'] or '-'}"
+        f" {_dash(r['used']):>8} {_dash(r['reserved']):>8}  {r['idempotency_key'] or '-'}"
         + (" (refunded)" if r["refunded_at"] is not None else "")
         for r in rows
     ]

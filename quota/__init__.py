@@ -8,7 +8,7 @@
 
 Durable quotas (money: LLM calls, paid API units) live apart from rate windows:
 ``limiter.consume_quota(subject, name, limit, "day", idempotency_key=...)``,
-``refund_quota``, ``grant_quota``, ``ledger``, ``export`` (usage and ledger
+``refund_quota``, ``grant_quota``, ``reserve_quota`` then ``settle_quota``, ``ledger``, ``export`` (usage and ledger
 for billing), and ``limiter.check(...)`` for several limits at once, all or nothing.
 A quota's ``thresholds`` fire a ``ThresholdEvent`` once per period (``quota.notify``
 delivers them to a webhook).
@@ -25,6 +25,7 @@ from quota._core.errors import (
     Overloaded,
     QuotaError,
     RateLimitTimeout,
+    ReservationNotFound,
     SchemaError,
     StorageError,
 )
@@ -42,6 +43,7 @@ from quota._limiter.quota_types import (
     QuotaUsage,
     RateWindow,
     RefundResult,
+    Reservation,
     ThresholdEvent,
 )
 from quota._sql.migrate import current_revision, downgrade, migrate
@@ -79,6 +81,8 @@ __all__ = [
     "RateLimitTimeout",
     "RateWindow",
     "RefundResult",
+    "Reservation",
+    "ReservationNotFound",
     "SchemaError",
     "StorageError",
     "Telemetry",

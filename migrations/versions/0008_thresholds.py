@@ -1,7 +1,7 @@
 """Usage thresholds: an outbox of the events a quota's thresholds fire.
 
 Revision ID: 0008_thresholds
-Revises: 0006_leases
+Revises: 0007_reservations
 Create Date: 2026-12-04
 
 One row per time a threshold of a quota fired in a period (``consume_quota(...,
@@ -24,7 +24,7 @@ from alembic import context, op
 from quota._sql import engines as _engines
 
 revision = "0008_thresholds"
-down_revision = "0006_leases"
+down_revision = "0007_reservations"
 branch_labels = None
 depends_on = None
 

@@ -5,6 +5,7 @@
     ├── StorageError         the database failed or could not be reached
     │   └── SchemaError      the tables are missing or older than this code needs;
     │                        the message names the command that fixes it
+    ├── ReservationNotFound  settle_quota/release_quota of an id no reservation has
     ├── Overloaded           too much work in flight: the request was shed; answer
     │                        503 with ``Retry-After: <retry_after>``
     └── RateLimitTimeout     a wait for a slot (``acquire``, a concurrency block)
@@ -59,6 +60,18 @@ class StorageError(QuotaError):
 
 class SchemaError(StorageError):
     """The quota tables are missing or behind; run ``quota migrate``."""
+
+
+class ReservationNotFound(QuotaError, LookupError):
+    """`settle_quota` or `release_quota` got an id that names no reservation.
+
+    Never made here, or forgotten by ledger retention (``cleanup_ledger``).
+    `reservation_id` is the id given.
+    """
+
+    def __init__(self, reservation_id: str) -> None:
+        super().__init__(f"no reservation has the id {reservation_id!r}")
+        self.reservation_id = reservation_id
 
 
 class Overloaded(QuotaError):

@@ -85,6 +85,8 @@ class UsageRecord:
     """The limit of the last consumption (None when the period only saw grants)."""
     used: int
     granted: int
+    reserved: int
+    """Units live reservations held when read (not in `used`)."""
     updated_at: float
     """When the row last changed."""
 
@@ -95,8 +97,8 @@ class UsageRecord:
 
 @dataclass(frozen=True, slots=True)
 class LedgerRecord:
-    """One ledger entry (``type`` ``ledger``): a ``consume``, ``deny``, ``refund``, ``grant`` or
-    ``rate_denied``, as ``quota_ledger`` stores it.
+    """One ledger entry (``type`` ``ledger``): a ``consume``, ``deny``, ``refund``, ``grant``,
+    ``rate_denied``, ``reserve``, ``settle`` or ``release``, as ``quota_ledger`` stores it.
 
     `id` is stable and unique: use it as the idempotency identifier of a
     billing meter event, so that an upload retried is counted once. A charge that was refunded keeps its ``consume`` entry
@@ -113,7 +115,8 @@ class LedgerRecord:
     """The quota name; ``rate:<window>s`` for a rate-window denial."""
     kind: str
     cost: int
-    """Units charged, asked for (denials), given back or granted."""
+    """Units charged (``consume``, ``settle``), asked for (``deny``), given back, granted,
+    held (``reserve``) or released unused (``release``)."""
     idempotency_key: str | None
     period_start: int | None
     resets_at: int | None
@@ -123,6 +126,10 @@ class LedgerRecord:
     remaining: int | None
     refunded_at: float | None
     """For a charge: when it was refunded, if it was (as of the export)."""
+    reservation_id: str | None
+    """For ``reserve``, ``settle`` and ``release``: the reservation's id."""
+    reserved: int | None
+    """For ``reserve``, ``settle`` and ``release``: the units the reservation held."""
 
     def as_dict(self) -> dict[str, Any]:
         """The record as a dict, `type` first."""
@@ -142,6 +149,7 @@ USAGE_COLUMNS: tuple[Column, ...] = (
     Column("limit", "quota_limit", _opt_int),
     Column("used", "used", int),
     Column("granted", "granted", int),
+    Column("reserved", "reserved", int),
     Column("updated_at", "updated_at", float),
 )
 #: What a ledger record holds, in the order of its fields.
@@ -159,6 +167,8 @@ LEDGER_COLUMNS: tuple[Column, ...] = (
     Column("used", "used", _opt_int),
     Column("remaining", "remaining", _opt_int),
     Column("refunded_at", "refunded_at", _opt_float),
+    Column("reservation_id", "reservation_id", _opt_str),
+    Column("reserved", "reserved", _opt_int),
 )
 
 #: The fields of each record, `type` first.

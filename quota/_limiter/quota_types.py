@@ -29,8 +29,14 @@ DENY = "deny"
 REFUND = "refund"
 GRANT = "grant"
 RATE_DENIED = "rate_denied"
+RESERVE = "reserve"
+SETTLE = "settle"
+RELEASE = "release"
 #: Every kind of ledger entry.
-KINDS = (CONSUME, DENY, REFUND, GRANT, RATE_DENIED)
+KINDS = (CONSUME, DENY, REFUND, GRANT, RATE_DENIED, RESERVE, SETTLE, RELEASE)
+
+#: The stores that keep durable quotas (memory and Redis stores do not).
+QUOTA_DIALECTS = ("sqlite", "postgresql")
 
 #: Subjects and quota names are stored as given, so they are kept short
 #: enough for one index entry (PostgreSQL btree rows stop near 2.7 kB).
@@ -45,6 +51,8 @@ ATTEMPTS = 5
 #: overflowing sum into a REAL that every later statement then chokes on).
 MAX_QUOTA_LIMIT = 2**60
 MAX_QUOTA_GRANTED = 2**61
+#: The longest a reservation may wait to be settled before it releases itself (7 days).
+MAX_RESERVATION_TTL = 7 * 86400
 
 
 def check_text(argument: str, value: object, max_bytes: int = MAX_NAME_BYTES) -> str:
@@ -206,6 +214,13 @@ class QuotaDecision:
     """The key the call carried, if any."""
     replayed: bool = False
     """True when the key already held a charge: this is that original decision, nothing was charged now."""
+    reserved: int = 0
+    """Units live reservations hold in this period (not counted in `used` or `remaining`:
+    a charge fits when ``used + reserved + cost <= limit + granted``)."""
+    overage: int = 0
+    """`settle_quota`: units of the actual amount not charged because they did not fit."""
+    expired: bool = False
+    """`settle_quota`: the reservation had expired (and was released) before the settle."""
     fired: tuple[ThresholdEvent, ...] = ()
     """The thresholds this charge fired (written to the outbox with it); empty when none."""
 
@@ -252,6 +267,8 @@ class QuotaUsage:
     granted: int
     remaining: int | None
     """``limit + granted - used``, never negative (None when the limit is unknown)."""
+    reserved: int = 0
+    """Units live reservations hold, read with `used` in one snapshot (not in `remaining`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,9 +283,11 @@ class LedgerEntry:
     name: str
     """The quota name; ``rate:<window>s`` for a rate-window denial."""
     kind: str
-    """``consume``, ``deny``, ``refund``, ``grant`` or ``rate_denied``."""
+    """``consume``, ``deny``, ``refund``, ``grant``, ``rate_denied``, ``reserve``,
+    ``settle`` or ``release``."""
     cost: int
-    """Units charged, asked for (denials), given back or granted."""
+    """Units charged (``consume``, ``settle``), asked for (``deny``), given back, granted,
+    held (``reserve``) or released unused (``release``, at a reservation's expiry)."""
     idempotency_key: str | None
     period_start: int | None
     resets_at: int | None
@@ -278,6 +297,26 @@ class LedgerEntry:
     remaining: int | None
     refunded_at: float | None
     """For a charge: when it was refunded, if it was."""
+    reservation_id: str | None = None
+    """For ``reserve``, ``settle`` and ``release``: the reservation's id."""
+    reserved: int | None = None
+    """For ``reserve``, ``settle`` and ``release``: the units the reservation held
+    (0 for a settle after its expiry)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The outcome of `reserve_quota`: units held until settled, released or expired."""
+
+    allowed: bool
+    """True when the amount is held; False when it did not fit (nothing is held)."""
+    id: str | None
+    """Pass it to `settle_quota` or `release_quota`; None when not allowed."""
+    expires_at: float | None
+    """Epoch seconds at which an unsettled hold releases itself; None when not allowed."""
+    decision: QuotaDecision
+    """The quota as the reservation left it (``cost`` is the amount; ``reserved`` includes
+    it when allowed; ``retry_after`` until the period resets when denied)."""
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,33 @@ Semantics the issue left open, decided here:
   decision (``replayed=True``) whatever the new arguments are.
 * A refund gives the charge back to the period it was taken from, even when
   that period has ended, so the ledger and the usage always agree.
+
+Reservations (`reserve`, `settle`; the table ``quota_reservations``):
+
+* A hold counts against the quota like a charge (``used + reserved + cost <=
+  limit + granted``) but is kept apart in ``reserved``; ``remaining`` stays
+  ``limit + granted - used``.
+* An idempotency key holds at most one reservation per subject and quota, for as
+  long as ledger retention keeps it: a retry returns that reservation (its id and
+  expiry, and the quota as it stands, ``replayed``), even once it has ended.
+* A hold whose time is up is released (``release`` in the ledger) by the first
+  operation that touches its usage row and sees ``next_expiry <= now``: the
+  charge statements answer "no" while one is due, so a charge stays one
+  statement while none is.
+* Rows are locked in one order: the usage row, then its reservations, then the
+  ledger. A settle locks the usage row of its reservation's period first.
+* A settle after the expiry that does not fit is denied (``allowed`` False,
+  nothing charged, ``overage`` the whole amount); one of 0 is allowed and
+  charges nothing. Its outcome is replayed like any other settle.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 import math
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -44,13 +65,14 @@ from quota._core.decision import (
     Decision,
     check_int,
     check_now,
+    check_seconds,
     decide,
     display_key,
     hit_params,
 )
 from quota._core.decision import retry_after as _retry_after
 from quota._core.decision import stored_key as _stored_key
-from quota._core.errors import ConfigurationError
+from quota._core.errors import ConfigurationError, ReservationNotFound, SchemaError
 from quota._limiter import thresholds as _thresholds
 from quota._limiter.quota_types import (
     ALREADY_REFUNDED,
@@ -60,9 +82,13 @@ from quota._limiter.quota_types import (
     MAX_IDEMPOTENCY_KEY_BYTES,
     MAX_QUOTA_GRANTED,
     MAX_QUOTA_LIMIT,
+    MAX_RESERVATION_TTL,
     RATE_DENIED,
     REFUND,
     REFUNDED,
+    RELEASE,
+    RESERVE,
+    SETTLE,
     UNKNOWN_KEY,
     Abort,
     CheckDecision,
@@ -73,10 +99,12 @@ from quota._limiter.quota_types import (
     QuotaUsage,
     RateWindow,
     RefundResult,
+    Reservation,
     ThresholdEvent,
     check_key,
     check_text,
     check_thresholds,
+    threshold_text,
 )
 from quota._sql import quotas as q
 from quota._sql import statements as _sql
@@ -94,6 +122,9 @@ __all__ = [
     "rate_denial",
     "record_rate_denial",
     "refund",
+    "release_expired",
+    "reserve",
+    "settle",
     "usage",
 ]
 
@@ -132,7 +163,7 @@ def _stored_period(text: str) -> str | int:
 
 def _decision(
     spot: _Spot, allowed: bool, limit: int, cost: int, used: int, granted: int, now: float,
-    key: str | None,
+    key: str | None, reserved: int = 0,
 ) -> QuotaDecision:  # fmt: skip
     return QuotaDecision(
         allowed=allowed,
@@ -147,6 +178,7 @@ def _decision(
         cost=cost,
         granted=granted,
         idempotency_key=key,
+        reserved=reserved,
     )
 
 
@@ -179,7 +211,10 @@ def _entry(now: float, kind: str, d: QuotaDecision) -> tuple[Any, ...]:
 
 
 def _charge_params(spot: _Spot, limit: int, cost: int, now: float) -> tuple[Any, ...]:
-    return (spot.subject, spot.name, spot.start, spot.end, spot.period, spot.tz, limit, cost, now)
+    return (
+        spot.subject, spot.name, spot.start, spot.end, spot.period, spot.tz, limit, cost, now,
+        now,
+    )  # fmt: skip
 
 
 def _fire_thresholds(
@@ -222,10 +257,9 @@ def _consume(
     spot: _Spot, limit: int, cost: int, key: str | None, now: float,
     thresholds: tuple[Decimal, ...] = (),
 ) -> Op[QuotaDecision]:  # fmt: skip
-    rows = yield q.USAGE_CHARGE, _charge_params(spot, limit, cost, now)
-    if rows:
-        used, granted = int(rows[0][0]), int(rows[0][1])
-        decision = _decision(spot, True, limit, cost, used, granted, now, key)
+    allowed, used, granted, reserved = yield from _charge(spot, limit, cost, now)
+    if allowed:
+        decision = _decision(spot, True, limit, cost, used, granted, now, key, reserved)
         claimed = yield q.LEDGER_CHARGE, _entry(now, CONSUME, decision)
         if not claimed:
             assert key is not None  # a NULL key never conflicts
@@ -245,10 +279,34 @@ def _consume(
         held = yield q.LEDGER_HELD, (spot.subject, spot.name, key)
         if held:
             return _replayed(spot.subject, spot.name, key, held[0])
-    rows = yield q.USAGE_GET, (spot.subject, spot.name, spot.start)
-    decision = _decision(spot, False, limit, cost, int(rows[0][0]), int(rows[0][1]), now, key)
+    decision = _decision(spot, False, limit, cost, used, granted, now, key, reserved)
     yield q.LEDGER_APPEND, _entry(now, DENY, decision)
     return decision
+
+
+def _charge(spot: _Spot, limit: int, cost: int, now: float) -> Op[tuple[bool, int, int, int]]:
+    """Charge `cost` to `spot`'s usage row: (allowed, used, granted, reserved) after it.
+
+    One statement when it fits and no reservation of the period is due; when the
+    statement says no, the holds whose time is up are released and it runs again.
+    Denied, the row is left locked, as it stands.
+    """
+    rows = yield q.USAGE_CHARGE, _charge_params(spot, limit, cost, now)
+    if rows:
+        return True, int(rows[0][0]), int(rows[0][1]), int(rows[0][2])
+    rows = yield q.USAGE_GET, (spot.subject, spot.name, spot.start)
+    if _due(rows, now):
+        yield from _release_due(spot.subject, spot.name, spot.start, now)
+        rows = yield q.USAGE_CHARGE, _charge_params(spot, limit, cost, now)
+        if rows:
+            return True, int(rows[0][0]), int(rows[0][1]), int(rows[0][2])
+        rows = yield q.USAGE_GET, (spot.subject, spot.name, spot.start)
+    return False, int(rows[0][0]), int(rows[0][1]), int(rows[0][2])
+
+
+def _due(rows: Sequence[Sequence[Any]], now: float) -> bool:
+    """Whether a USAGE_GET row says a reservation of its period is due to be released."""
+    return bool(rows) and rows[0][3] is not None and float(rows[0][3]) <= now
 
 
 def refund(
@@ -343,19 +401,24 @@ def _grant(spot: _Spot, amount: int, now: float, rearm: bool = False) -> Op[Quot
 
 
 def usage(subject: object, now: float, *, include_ended: object) -> Op[list[QuotaUsage]]:
-    """`subject`'s quotas in periods still running (every period with `include_ended`)."""
+    """`subject`'s quotas in periods still running (every period with `include_ended`).
+
+    Reservations whose time is up are released first (in the same transaction).
+    """
     check_now(now)
     if not isinstance(include_ended, bool):
         raise ConfigurationError(f"include_ended must be a bool, got {include_ended!r}")
     if include_ended:
-        return _usage(q.USAGE_ALL, (check_text("subject", subject),))
-    return _usage(q.USAGE_CURRENT, (check_text("subject", subject), math.floor(now)))
+        return _usage(q.USAGE_ALL, (check_text("subject", subject),), now)
+    return _usage(q.USAGE_CURRENT, (check_text("subject", subject), math.floor(now)), now)
 
 
-def _usage(statement: Statement, params: tuple[Any, ...]) -> Op[list[QuotaUsage]]:
+def _usage(statement: Statement, params: tuple[Any, ...], now: float) -> Op[list[QuotaUsage]]:
     rows = yield statement, params
     result = []
-    for subject, name, period, tz, start, end, limit, used, granted in rows:
+    for subject, name, period, tz, start, end, limit, used, granted, reserved, due in rows:
+        if due is not None and float(due) <= now:
+            _, used, granted, reserved = yield from _release_due(subject, name, int(start), now)
         lim = _opt_int(limit)
         remaining = None if lim is None else max(0, lim + int(granted) - int(used))
         result.append(
@@ -370,6 +433,7 @@ def _usage(statement: Statement, params: tuple[Any, ...]) -> Op[list[QuotaUsage]
                 used=int(used),
                 granted=int(granted),
                 remaining=remaining,
+                reserved=int(reserved),
             )
         )
     return result
@@ -421,9 +485,14 @@ def _ledger(statement: Statement, params: tuple[Any, ...]) -> Op[list[LedgerEntr
             used=_opt_int(used),
             remaining=_opt_int(remaining),
             refunded_at=None if refunded_at is None else float(refunded_at),
+            reservation_id=reservation_id,
+            reserved=_opt_int(reserved),
         )
-        for id_, at, subject, name, kind, cost, key, start, end, limit, used, remaining, refunded_at in rows
-    ]
+        for (
+            id_, at, subject, name, kind, cost, key, start, end, limit, used, remaining,
+            refunded_at, reservation_id, reserved,
+        ) in rows
+    ]  # fmt: skip
 
 
 def cleanup_ledger(
@@ -445,13 +514,33 @@ def cleanup_ledger(
 def _cleanup_ledger(cutoff: float, batch_size: int, dry_run: bool) -> Op[CleanupResult]:
     if dry_run:
         rows = yield q.LEDGER_COUNT_OLD, (cutoff,)
-        return CleanupResult(deleted=0, expired=int(rows[0][0]), dry_run=True)
+        expired = int(rows[0][0])
+        try:
+            rows = yield q.RESERVATION_COUNT_OLD, (cutoff,)
+            expired += int(rows[0][0])
+        except SchemaError as exc:
+            if not _before_reservations(exc):
+                raise
+        return CleanupResult(deleted=0, expired=expired, dry_run=True)
     deleted = 0
-    while True:
-        rows = yield q.LEDGER_DELETE_OLD, (cutoff, batch_size)
-        deleted += len(rows)
-        if len(rows) < batch_size:
-            return CleanupResult(deleted=deleted, expired=deleted)
+    for statement in (q.LEDGER_DELETE_OLD, q.RESERVATION_DELETE_OLD):
+        while True:
+            try:
+                rows = yield statement, (cutoff, batch_size)
+            except SchemaError as exc:
+                if statement is q.RESERVATION_DELETE_OLD and _before_reservations(exc):
+                    break
+                raise
+            deleted += len(rows)
+            if len(rows) < batch_size:
+                break
+    return CleanupResult(deleted=deleted, expired=deleted)
+
+
+def _before_reservations(exc: SchemaError) -> bool:
+    """Whether `exc` says the reservations table is not made yet (a database before
+    revision 0007_reservations has no reservations to sweep)."""
+    return q.RESERVATIONS in str(exc) and not exc.outage
 
 
 def record_rate_denial(decision: Decision, cost: int, now: float) -> Op[None]:
@@ -572,15 +661,10 @@ def _check(
                 )  # fmt: skip
         else:
             spot, quota_limit = step.spot, step.limit.limit
-            rows = yield q.USAGE_CHARGE, _charge_params(spot, quota_limit, cost, now)
-            if rows:
-                used, granted, allowed = int(rows[0][0]), int(rows[0][1]), True
-                charged[step.index] = True
-            else:
-                rows = yield q.USAGE_GET, (spot.subject, spot.name, spot.start)
-                used, granted, allowed = int(rows[0][0]), int(rows[0][1]), False
+            allowed, used, granted, reserved = yield from _charge(spot, quota_limit, cost, now)
+            charged[step.index] = allowed
             decisions[step.index] = _decision(
-                spot, allowed, quota_limit, cost, used, granted, now, key
+                spot, allowed, quota_limit, cost, used, granted, now, key, reserved
             )
     final = [d for d in decisions if d is not None]
     denied = [i for i, d in enumerate(final) if not d.allowed]
@@ -675,8 +759,273 @@ def _replay_check(
             decisions[step.index] = _replayed(spot.subject, spot.name, key, held[0])
             continue
         rows = yield q.USAGE_GET, (spot.subject, spot.name, spot.start)
-        used, granted = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
-        view = _decision(spot, True, step.limit.limit, cost, used, granted, now, key)
-        decisions[step.index] = _with(view, allowed=used + cost <= step.limit.limit + granted)
+        used, granted, reserved = (
+            (int(rows[0][0]), int(rows[0][1]), int(rows[0][2])) if rows else (0, 0, 0)
+        )
+        view = _decision(spot, True, step.limit.limit, cost, used, granted, now, key, reserved)
+        decisions[step.index] = _with(
+            view, allowed=used + reserved + cost <= step.limit.limit + granted
+        )
     final = tuple(d for d in decisions if d is not None)
     return CheckDecision(True, None, 0, final, replayed=True)
+
+
+# -- reservations: reserve, then settle ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A row of ``quota_reservations`` (`q.RESERVATION_GET`)."""
+
+    id: str
+    subject: str
+    name: str
+    start: int
+    end: int
+    period: str
+    tz: str | None
+    limit: int
+    amount: int
+    key: str | None
+    expires_at: float
+    state: str
+    outcome: str | None
+    thresholds: tuple[Decimal, ...] = ()
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> _Held:
+        id_, subject, name, start, end, period, tz, limit, amount, key, _, expires, state, out = (
+            row[:14]
+        )
+        stored = row[14] if len(row) > 14 else None
+        return cls(
+            str(id_), str(subject), str(name), int(start), int(end), str(period), tz, int(limit),
+            int(amount), key, float(expires), str(state), out,
+            tuple(Decimal(t) for t in str(stored).split(",")) if stored else (),
+        )  # fmt: skip
+
+    @property
+    def spot(self) -> _Spot:
+        return _Spot(self.subject, self.name, self.period, self.tz, self.start, self.end)
+
+
+def reserve(
+    subject: object, name: object, amount: object, limit: object, period: object, ttl: object,
+    idempotency_key: object, tz: object, now: float, thresholds: object = (),
+) -> Op[Reservation]:  # fmt: skip
+    """Hold `amount` units of `subject`'s quota `name` for the period holding `now`, or deny.
+
+    All or nothing: it fits when ``used + reserved + amount <= limit + granted``.
+    A denial holds nothing and appends a ``deny`` entry; a hold appends ``reserve``.
+    The hold fires no threshold; its settle fires the `thresholds` its charge reaches.
+    Raises `ConfigurationError` naming a bad argument (`ttl`: whole seconds in
+    ``1..MAX_RESERVATION_TTL`` or a duration like ``"10m"``).
+    """
+    checked_limit = check_int("limit", limit, maximum=MAX_QUOTA_LIMIT)
+    checked_amount = check_int("amount", amount, maximum=checked_limit)
+    seconds = check_seconds("ttl", ttl, maximum=MAX_RESERVATION_TTL)
+    spot = _spot(subject, name, period, tz, now)
+    key = check_key(idempotency_key)
+    checked = () if thresholds == () or thresholds is None else check_thresholds(thresholds)
+    return _reserve(spot, checked_limit, checked_amount, now + seconds, key, now, checked)
+
+
+def _reserve(
+    spot: _Spot, limit: int, amount: int, expires: float, key: str | None, now: float,
+    thresholds: tuple[Decimal, ...] = (),
+) -> Op[Reservation]:  # fmt: skip
+    if key is not None:
+        rows = yield q.RESERVATION_BY_KEY, (spot.subject, spot.name, key)
+        if rows:
+            return (yield from _reservation_again(_Held.of(rows[0]), now))
+    params = (
+        spot.subject, spot.name, spot.start, spot.end, spot.period, spot.tz, limit, now, amount,
+        expires, now,
+    )  # fmt: skip
+    rows = yield q.USAGE_RESERVE, params
+    if not rows:
+        rows = yield q.USAGE_GET, (spot.subject, spot.name, spot.start)
+        if _due(rows, now):
+            yield from _release_due(spot.subject, spot.name, spot.start, now)
+            rows = yield q.USAGE_RESERVE, params
+            if not rows:
+                rows = yield q.USAGE_GET, (spot.subject, spot.name, spot.start)
+                return (yield from _denied_reservation(spot, limit, amount, key, now, rows[0]))
+        else:
+            return (yield from _denied_reservation(spot, limit, amount, key, now, rows[0]))
+    used, granted, reserved = int(rows[0][0]), int(rows[0][1]), int(rows[0][2])
+    reservation_id = uuid.uuid4().hex
+    inserted = yield (
+        q.RESERVATION_INSERT,
+        (reservation_id, spot.subject, spot.name, spot.start, spot.end, spot.period, spot.tz,
+         limit, amount, key, now, expires,
+         ",".join(threshold_text(t) for t in thresholds) if thresholds else None),
+    )  # fmt: skip
+    if not inserted:
+        # The key got a reservation meanwhile (another process's): undo ours, answer that one.
+        raise Abort(None, then=_reserve(spot, limit, amount, expires, key, now, thresholds))
+    decision = _decision(spot, True, limit, amount, used, granted, now, key, reserved)
+    yield q.LEDGER_APPEND_RESERVATION, (*_entry(now, RESERVE, decision), reservation_id, amount)
+    return Reservation(True, reservation_id, expires, decision)
+
+
+def _denied_reservation(
+    spot: _Spot, limit: int, amount: int, key: str | None, now: float, row: Sequence[Any]
+) -> Op[Reservation]:
+    used, granted, reserved = int(row[0]), int(row[1]), int(row[2])
+    decision = _decision(spot, False, limit, amount, used, granted, now, key, reserved)
+    yield q.LEDGER_APPEND, _entry(now, DENY, decision)
+    return Reservation(False, None, None, decision)
+
+
+def _reservation_again(held: _Held, now: float) -> Op[Reservation]:
+    """The reservation an idempotency key already holds, with its quota as it stands."""
+    rows = yield q.USAGE_GET, (held.subject, held.name, held.start)
+    used, granted, reserved = (
+        (int(rows[0][0]), int(rows[0][1]), int(rows[0][2])) if rows else (0, 0, 0)
+    )
+    decision = _decision(held.spot, True, held.limit, held.amount, used, granted, now, held.key)
+    decision = _with(decision, reserved=reserved, replayed=True)
+    return Reservation(True, held.id, held.expires_at, decision)
+
+
+def settle(reservation_id: object, actual: object, now: float) -> Op[QuotaDecision]:
+    """End reservation `reservation_id`, charging `actual` units; see `Limiter.settle_quota`.
+
+    Raises `ConfigurationError` naming a bad argument (`actual`: an int in
+    ``0..MAX_QUOTA_LIMIT``) and `ReservationNotFound` for an unknown id.
+    """
+    check_now(now)
+    checked_id = check_text("reservation_id", reservation_id)
+    if type(actual) is not int or not 0 <= actual <= MAX_QUOTA_LIMIT:
+        raise ConfigurationError(
+            f"actual must be an int between 0 and {MAX_QUOTA_LIMIT}, got {actual!r}"
+        )
+    return _settle(checked_id, actual, now)
+
+
+def _settle(reservation_id: str, actual: int, now: float) -> Op[QuotaDecision]:
+    rows = yield q.RESERVATION_GET, (reservation_id,)
+    if not rows:
+        raise ReservationNotFound(reservation_id)
+    held = _Held.of(rows[0])
+    if held.state == "settled":
+        return _settled_before(held)
+    # The usage row first (the order every operation locks in), then the reservation again.
+    usage = yield q.USAGE_LOCK, (held.subject, held.name, held.start)
+    if usage and usage[0][3] is not None and float(usage[0][3]) <= now:
+        yield from _release_due(held.subject, held.name, held.start, now)
+    rows = yield q.RESERVATION_GET, (reservation_id,)
+    held = _Held.of(rows[0])
+    if held.state == "settled":
+        return _settled_before(held)
+    if held.state == "released":
+        decision = yield from _settle_expired(held, actual, now)
+        return decision
+    rows = yield q.USAGE_GET, (held.subject, held.name, held.start)
+    used, granted, reserved = int(rows[0][0]), int(rows[0][1]), int(rows[0][2])
+    # Up to the amount held is charged whatever it takes; the rest as far as the limit
+    # allows, every other hold counted.
+    base = min(actual, held.amount)
+    room = max(0, held.limit + granted - used - (reserved - held.amount) - base)
+    extra = min(actual - base, room)
+    charged = base + extra
+    decision = _decision(
+        held.spot, True, held.limit, actual, used + charged, granted, now, held.key,
+        reserved - held.amount,
+    )  # fmt: skip
+    decision = _with(decision, overage=actual - charged)
+    marked = yield q.RESERVATION_SETTLE, (now, _outcome(decision), held.id, "held")
+    if not marked:
+        raise Abort(None, then=_settle(reservation_id, actual, now))
+    yield (
+        q.USAGE_UNRESERVE,
+        (charged, held.amount, now, held.subject, held.name, held.start),
+    )
+    yield from _settled(decision, held, charged, held.amount, now)
+    if held.thresholds and charged:
+        fired = yield from _fire_thresholds(
+            held.spot, held.limit, granted, used + charged, held.thresholds, now
+        )
+        if fired:
+            return _with(decision, fired=fired)
+    return decision
+
+
+def _settle_expired(held: _Held, actual: int, now: float) -> Op[QuotaDecision]:
+    """A settle after the hold was released: a new charge of `actual`, in the period of `now`."""
+    spot = _spot(held.subject, held.name, _stored_period(held.period), held.tz, now)
+    rows = yield q.USAGE_GET, (spot.subject, spot.name, spot.start)
+    used, granted, reserved = (
+        (int(rows[0][0]), int(rows[0][1]), int(rows[0][2])) if rows else (0, 0, 0)
+    )
+    allowed = actual == 0
+    if actual and (rows or actual <= held.limit):
+        allowed, used, granted, reserved = yield from _charge(spot, held.limit, actual, now)
+    charged = actual if allowed else 0
+    decision = _decision(spot, allowed, held.limit, actual, used, granted, now, held.key, reserved)
+    decision = _with(decision, overage=actual - charged, expired=True)
+    marked = yield q.RESERVATION_SETTLE, (now, _outcome(decision), held.id, "released")
+    if not marked:
+        raise Abort(None, then=_settle(held.id, actual, now))
+    yield from _settled(decision, held, charged, 0, now)
+    if held.thresholds and charged:
+        fired = yield from _fire_thresholds(spot, held.limit, granted, used, held.thresholds, now)
+        if fired:
+            return _with(decision, fired=fired)
+    return decision
+
+
+def _settled(
+    decision: QuotaDecision, held: _Held, charged: int, released: int, now: float
+) -> Op[None]:
+    """What follows a settle's charge (made by then, `decision` after it): its ledger entry."""
+    entry = _entry(now, SETTLE, _with(decision, cost=charged))
+    yield q.LEDGER_APPEND_RESERVATION, (*entry, held.id, released)
+
+
+def _outcome(decision: QuotaDecision) -> str:
+    """A settle's decision as stored, for `_settled_before`."""
+    return json.dumps(dataclasses.asdict(decision))
+
+
+def _settled_before(held: _Held) -> QuotaDecision:
+    assert held.outcome is not None
+    return _with(QuotaDecision(**json.loads(held.outcome)), fired=(), replayed=True)
+
+
+def _release_due(subject: str, name: str, start: int, now: float) -> Op[tuple[int, int, int, int]]:
+    """Release the holds of one usage row whose time is up, with a ``release`` entry each:
+    (holds released, used, granted, reserved) after."""
+    yield q.USAGE_LOCK, (subject, name, start)
+    released = yield q.RESERVATION_RELEASE_DUE, (now, subject, name, start, now)
+    amount = sum(int(row[1]) for row in released)
+    rows = yield q.USAGE_UNRESERVE, (0, amount, now, subject, name, start)
+    used, granted, reserved = int(rows[0][0]), int(rows[0][1]), int(rows[0][2])
+    limit, end = _opt_int(rows[0][3]), int(rows[0][4])
+    remaining = None if limit is None else max(0, limit + granted - used)
+    for id_, held, key in sorted(released, key=lambda row: str(row[0])):
+        yield (
+            q.LEDGER_APPEND_RESERVATION,
+            (now, subject, name, RELEASE, int(held), key, start, end, limit, used, remaining,
+             id_, int(held)),
+        )  # fmt: skip
+    return len(released), used, granted, reserved
+
+
+def release_expired(now: float, batch_size: int) -> Op[tuple[int, int]]:
+    """Release the holds whose time is up, of at most `batch_size` usage rows:
+    (holds released, usage rows visited). One transaction."""
+    check_now(now)
+    rows = yield q.RESERVATION_DUE_ROWS, (now, batch_size)
+    released = 0
+    for subject, name, start in rows:
+        count, *_ = yield from _release_due(str(subject), str(name), int(start), now)
+        released += count
+    return released, len(rows)
+
+
+def count_expired(now: float) -> Op[int]:
+    """How many holds are due to be released at `now`."""
+    rows = yield q.RESERVATION_COUNT_DUE, (now,)
+    return int(rows[0][0])

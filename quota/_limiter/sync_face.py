@@ -15,6 +15,7 @@ never awaits (options, metrics, failing open, the table of stores) is in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from decimal import Decimal
@@ -412,17 +413,36 @@ class Limiter(LimiterBase[SyncStore]):
     ) -> CleanupResult:
         """Delete windows that ended more than `grace` seconds ago; see `quota._sql.ops.cleanup`.
 
-        `progress`, when given, is called with the rows deleted so far after each
+        Then release the durable quotas' reservations whose time is up (no grace),
+        one transaction per `batch_size` usage rows: ``released`` counts them (on a
+        dry run, the ones that would be). `progress`, when given, is called with the rows deleted so far after each
         batch that deleted some (committed by then); whatever it raises stops the
         sweep there. With a fallback, it runs on the database without the
         fallback's time budget (the store's own timeouts), and raises `StorageError`
         when the database fails.
         """
+        now = self._clock()
         op = _ops.cleanup(
-            self.store.dialect, self._clock(), grace=grace, batch_size=batch_size,
+            self.store.dialect, now, grace=grace, batch_size=batch_size,
             dry_run=dry_run, progress=progress,
         )  # fmt: skip
-        return self.store.run(op, transaction=False, maintenance=True)
+        result = self.store.run(op, transaction=False, maintenance=True)
+        if result.skipped or self.store.dialect not in _types.QUOTA_DIALECTS:
+            return result
+        try:
+            if dry_run:
+                released = self.store.run(_quotas.count_expired(now), transaction=False)
+                return dataclasses.replace(result, released=released)
+            released = 0
+            while True:
+                count, rows = run(self.store, _quotas.release_expired(now, batch_size))
+                released += count
+                if rows < batch_size:
+                    return dataclasses.replace(result, released=released)
+        except SchemaError as exc:
+            if exc.outage:
+                raise
+            return result  # before revision 0007_reservations: no reservations to release
 
     # -- concurrency leases (quota._limiter.leases) --------------------------------------------
 
@@ -565,8 +585,81 @@ class Limiter(LimiterBase[SyncStore]):
         )
         return run(self.store, make(), again=make)
 
+    def reserve_quota(
+        self, subject: str, name: str, amount: int, limit: int, period: Duration, *,
+        ttl: Duration = 300, idempotency_key: str | None = None, tz: str | None = None,
+        thresholds: Sequence[float | int | Decimal] = (),
+    ) -> _types.Reservation:  # fmt: skip
+        """Hold `amount` units of `subject`'s quota `name` until the real cost is known.
+
+        All or nothing: the hold fits when ``used + reserved + amount <= limit +
+        granted``, every other live reservation counted. Denied, nothing is held
+        (``allowed`` False, ``id`` None, a ``deny`` ledger entry). `period` and `tz`
+        are as for `consume_quota`. End the hold with `settle_quota` (or
+        `release_quota`) within `ttl` (whole seconds from 1 to 7 days, or a duration
+        like ``"10m"``); after that it releases itself on the next consume, reserve,
+        check or usage read of the quota, or in ``quota cleanup``. With
+        `idempotency_key`, a retry (from any process) returns the same reservation,
+        ``decision.replayed`` True, and holds nothing more.
+
+        `thresholds` are as for `consume_quota`, kept with the hold: the hold itself
+        fires none (it may be released); its settle fires those its charge reaches.
+
+        Raises `ConfigurationError` naming the bad argument, `StorageError` when the
+        database fails (nothing is held), `SchemaError` before ``quota migrate``
+        brought the schema to revision 0007_reservations (0008_thresholds with
+        `thresholds`).
+        """
+        make = functools.partial(
+            _quotas.reserve, subject, name, amount, limit, period, ttl, idempotency_key, tz,
+            self._clock(), thresholds,
+        )  # fmt: skip
+        op = make()  # arguments checked before any statement
+        if thresholds and not self._events:
+            # Its settle would fail on a schema without the outbox: say so now.
+            self.store.run(_thresholds.probe(), transaction=False)
+            self._events = True
+        return run(self.store, op, again=make)
+
+    def settle_quota(self, reservation_id: str, actual: int) -> _types.QuotaDecision:
+        """End a reservation, charging the `actual` units used, in one transaction.
+
+        The charge goes to the period the reservation was made in. Up to the amount
+        reserved it is always charged; above it, the excess is charged as far as the
+        limit allows (other live reservations counted) and the rest is reported as
+        ``overage``, not charged; ``allowed`` stays True. A second settle of the same
+        reservation, whatever its `actual`, charges nothing and returns the first
+        one's decision, ``replayed`` True. After the reservation expired, `actual`
+        is charged like a new `consume_quota`, all or nothing, in the period running
+        now (``expired`` True); when it does not fit nothing is charged, ``allowed``
+        is False and ``overage`` is `actual`.
+
+        Raises `quota.ReservationNotFound` for an unknown id, `ConfigurationError`
+        for an `actual` that is not an int from 0, `StorageError` when the database
+        fails (nothing is charged).
+
+        A reservation made with ``thresholds`` fires those its charge reaches, as
+        `consume_quota` does (``fired``, ``on_threshold``, the outbox); a replay
+        fires none.
+        """
+        make = functools.partial(_quotas.settle, reservation_id, actual, self._clock())
+        decision = run(self.store, make(), again=make)
+        if decision.fired:
+            self._events = True
+            if self._on_threshold is not None:
+                self._tell_fired(decision.fired)
+        return decision
+
+    def release_quota(self, reservation_id: str) -> _types.QuotaDecision:
+        """End a reservation without charging anything: `settle_quota` of 0."""
+        return self.settle_quota(reservation_id, 0)
+
     def quota_usage(self, subject: str, *, include_ended: bool = False) -> list[_types.QuotaUsage]:
-        """`subject`'s quotas in the periods running now (every period with `include_ended`)."""
+        """`subject`'s quotas in the periods running now (every period with `include_ended`).
+
+        ``reserved`` is read with ``used`` in one snapshot, after the reservations
+        whose time is up were released.
+        """
         op = _quotas.usage(subject, self._clock(), include_ended=include_ended)
         return run(self.store, op)
 

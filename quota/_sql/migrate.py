@@ -334,6 +334,8 @@ DURABLE_TABLES: dict[str, tuple[str, ...]] = {
     # Not data, but blocks running now: dropping their slots would let more in than
     # their limit (a dead holder's lease, expired, is no row to keep).
     "0006_leases": ("quota_leases",),
+    # Every settle is a charge the ledger's downgrade would lose with its kind.
+    "0007_reservations": ("quota_reservations",),
     # Events not delivered yet are owed to a webhook.
     "0008_thresholds": ("quota_events",),
 }

@@ -107,6 +107,8 @@ class CleanupResult:
     """True when another cleanup held the lock, so this one did nothing."""
     dry_run: bool = False
     """True when rows were only counted."""
+    released: int = 0
+    """Reservations of durable quotas released because their time was up."""
 
 
 def cleanup(

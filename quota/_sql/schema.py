@@ -29,13 +29,15 @@ from quota._sql.statements import VERSION_TABLE
 #: Every revision this code knows, oldest first.
 REVISIONS: tuple[str, ...] = (
     "0001_counters", "0002_quotas", "0003_algorithms", "0004_policies", "0005_settings",
-    "0006_leases", "0008_thresholds",
+    "0006_leases", "0007_reservations", "0008_thresholds",
 )  # fmt: skip
 #: The revision this code needs at least. A database at it works; the later revisions add
 #: what runs without them (0005_settings: the runtime settings of the HTTP middlewares,
 #: which keep their configured values until the table is there; 0006_leases: concurrency
-#: leases, whose calls say to migrate until it is there; 0008_thresholds: the outbox of
-#: usage thresholds, whose calls say to migrate until it is there).
+#: leases, whose calls say to migrate until it is there; 0007_reservations: reserve and
+#: settle, and the columns durable quotas then read, whose calls say to migrate;
+#: 0008_thresholds: the outbox of usage thresholds, whose calls say to migrate until it
+#: is there).
 REQUIRED = "0004_policies"
 #: The newest revision this code knows: what ``quota migrate`` upgrades to.
 HEAD = REVISIONS[-1]
@@ -120,6 +122,9 @@ quota_usage = sa.Table(
     sa.Column("used", sa.BigInteger, nullable=False),
     sa.Column("granted", sa.BigInteger, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+    # Revision 0007_reservations: what live reservations hold, and the earliest expiry among them.
+    sa.Column("reserved", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("next_expiry", sa.Float, nullable=True),
     sa.PrimaryKeyConstraint("subject", "name", "period_start", name="pk_quota_usage"),
     sa.CheckConstraint("used >= 0", name="ck_quota_usage_used"),
     sa.CheckConstraint("granted >= 0", name="ck_quota_usage_granted"),
@@ -147,8 +152,12 @@ quota_ledger = sa.Table(
     sa.Column("used", sa.BigInteger, nullable=True),
     sa.Column("remaining", sa.BigInteger, nullable=True),
     sa.Column("refunded_at", sa.Float, nullable=True),
+    # Revision 0007_reservations.
+    sa.Column("reservation_id", _KEY, nullable=True),
+    sa.Column("reserved", sa.BigInteger, nullable=True),
     sa.CheckConstraint(
-        "kind IN ('consume', 'deny', 'refund', 'grant', 'rate_denied')",
+        "kind IN ('consume', 'deny', 'refund', 'grant', 'rate_denied', 'reserve', 'settle',"
+        " 'release')",
         name="ck_quota_ledger_kind",
     ),
     sa.Index(
@@ -209,6 +218,52 @@ quota_leases = sa.Table(
     # Cleanup and the downgrade guard find dead (or live) leases by expiry.
     sa.Index("ix_quota_leases_expires_at", "expires_at"),
     sqlite_with_rowid=False,
+)
+
+#: Reservations of durable quotas (revision 0007_reservations): one row per hold, kept
+#: after it ends (``settled`` or ``released`` at its expiry) so a settle can be replayed.
+quota_reservations = sa.Table(
+    "quota_reservations",
+    metadata,
+    sa.Column("id", _KEY, nullable=False),
+    sa.Column("subject", _KEY, nullable=False),
+    sa.Column("name", _KEY, nullable=False),
+    sa.Column("period_start", sa.BigInteger, nullable=False),
+    sa.Column("period_end", sa.BigInteger, nullable=False),
+    sa.Column("period", sa.Text, nullable=False),
+    sa.Column("tz", sa.Text, nullable=True),
+    sa.Column("quota_limit", sa.BigInteger, nullable=False),
+    sa.Column("amount", sa.BigInteger, nullable=False),
+    sa.Column("idempotency_key", _KEY, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("ended_at", sa.Float, nullable=True),
+    sa.Column("outcome", sa.Text, nullable=True),
+    sa.Column("thresholds", sa.Text, nullable=True),
+    sa.PrimaryKeyConstraint("id", name="pk_quota_reservations"),
+    sa.CheckConstraint(
+        "state IN ('held', 'settled', 'released')", name="ck_quota_reservations_state"
+    ),
+    sa.Index(
+        "ix_quota_reservations_live",
+        "subject",
+        "name",
+        "period_start",
+        "expires_at",
+        sqlite_where=sa.text("state = 'held'"),
+        postgresql_where=sa.text("state = 'held'"),
+    ),
+    sa.Index("ix_quota_reservations_expires_at", "expires_at"),
+    sa.Index(
+        "uq_quota_reservations_idempotency",
+        "subject",
+        "name",
+        "idempotency_key",
+        unique=True,
+        sqlite_where=sa.text("idempotency_key IS NOT NULL"),
+        postgresql_where=sa.text("idempotency_key IS NOT NULL"),
+    ),
 )
 
 #: The outbox of usage thresholds (revision 0008_thresholds): one row per time a
@@ -446,7 +501,16 @@ TABLE_REVISIONS: dict[str, str] = {
     "quota_policies": "0004_policies",
     "quota_settings": "0005_settings",
     "quota_leases": "0006_leases",
+    "quota_reservations": "0007_reservations",
     "quota_events": "0008_thresholds",
+}
+
+#: Columns a revision after their table's adds, by (table, column).
+COLUMN_REVISIONS: dict[tuple[str, str], str] = {
+    ("quota_usage", "reserved"): "0007_reservations",
+    ("quota_usage", "next_expiry"): "0007_reservations",
+    ("quota_ledger", "reservation_id"): "0007_reservations",
+    ("quota_ledger", "reserved"): "0007_reservations",
 }
 
 
@@ -541,12 +605,18 @@ def missing_objects_error(
 
 
 def _made_later(detail: str, revision: str) -> tuple[str, str] | None:
-    """(table, revision) when `detail` names a table a migration after `revision` makes."""
+    """(table or column, revision) when `detail` names a table or column a migration
+    after `revision` makes."""
     for table, created_in in TABLE_REVISIONS.items():
         if REVISIONS.index(created_in) > REVISIONS.index(revision) and re.search(
             rf"\b{table}\b", detail
         ):
             return table, created_in
+    for (table, column), created_in in COLUMN_REVISIONS.items():
+        if REVISIONS.index(created_in) > REVISIONS.index(revision) and re.search(
+            rf"\bcolumn\b.*\b{column}\b|\bcolumn: {column}\b", detail
+        ):
+            return f"column {table}.{column}", created_in
     return None
 
 

@@ -131,6 +131,11 @@ def _is_undefined_table(exc: BaseException) -> bool:
     return getattr(exc, "sqlstate", None) == "42P01"
 
 
+def _is_undefined_column(exc: BaseException) -> bool:
+    # undefined_column: a column a later migration adds (`quota._sql.schema.COLUMN_REVISIONS`).
+    return getattr(exc, "sqlstate", None) == "42703"
+
+
 #: SQLSTATEs of prepared statements a transaction pooler lost or mixed up:
 #: invalid_sql_statement_name ("does not exist") and duplicate_prepared_statement.
 _POOLER_SQLSTATES = ("26000", "42P05")
@@ -167,7 +172,7 @@ def wrap_error(exc: BaseException, url: str) -> QuotaError:
     """The `quota` error for a driver error: a missing table becomes `SchemaError`."""
     if isinstance(exc, QuotaError):
         return exc
-    if _is_undefined_table(exc):
+    if _is_undefined_table(exc) or _is_undefined_column(exc):
         return missing_objects_error(url, str(exc), accepted_version(url))
     if _dead_on_arrival(exc):
         exc_text = (

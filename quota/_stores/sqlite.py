@@ -128,7 +128,9 @@ async def aset_up(conn: aiosqlite.Connection, busy_timeout: float) -> None:
 
 def wrap_error(exc: Exception, url: str) -> StorageError:
     """The `quota` error for a sqlite3 error: missing tables become `SchemaError`."""
-    if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
+    if isinstance(exc, sqlite3.OperationalError) and any(
+        missing in str(exc) for missing in ("no such table", "no such column", "has no column")
+    ):
         return missing_objects_error(url, str(exc), _version_after_error(url))
     return StorageError(f"SQLite error on {url}: {exc}")
 

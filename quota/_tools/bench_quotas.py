@@ -49,7 +49,7 @@ def _day(now: float) -> tuple[int, int]:
 
 def _charge(subject: str, now: float) -> Statement:
     start, end = _day(now)
-    return q.USAGE_CHARGE, (subject, NAME, start, end, "day", "UTC", LIMIT, 1, now)
+    return q.USAGE_CHARGE, (subject, NAME, start, end, "day", "UTC", LIMIT, 1, now, now)
 
 
 def _entry(subject: str, key: str | None, used: int, now: float) -> Statement:

@@ -38,9 +38,11 @@ def test_usage_lists_every_running_quota_of_the_subject(url: str) -> None:
     result = run(url, "usage", "alice")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split()[:6] == ["NAME", "PERIOD", "USED", "LIMIT", "GRANTED", "REMAINING"]
-    assert lines[1].split()[:6] == ["llm", "day", "3", "10", "0", "7"]
-    assert lines[2].split()[:6] == ["search", "month@Europe/Berlin", "1", "100", "0", "99"]
+    assert lines[0].split()[:7] == [
+        "NAME", "PERIOD", "USED", "RESERVED", "LIMIT", "GRANTED", "REMAINING",
+    ]  # fmt: skip
+    assert lines[1].split()[:7] == ["llm", "day", "3", "0", "10", "0", "7"]
+    assert lines[2].split()[:7] == ["search", "month@Europe/Berlin", "1", "0", "100", "0", "99"]
     assert len(lines) == 3
 
     data = json.loads(run(url, "usage", "alice", "--json").output)
@@ -153,6 +155,7 @@ def test_cleanup_leaves_quotas_alone_and_trims_the_ledger_only_when_asked(
         "expired": 1,
         "skipped": False,
         "dry_run": True,
+        "released": 0,
     }
     done = run(sqlite_url, "cleanup", "--ledger-older-than", "400d")
     assert done.exit_code == 0, done.output
@@ -204,3 +207,22 @@ def test_bench_rejects_an_unknown_scenario(sqlite_url: str) -> None:
 
     with pytest.raises(quota.ConfigurationError, match="scenario"):
         run_bench(sqlite_url, scenario="nope")
+
+
+def test_usage_ledger_and_cleanup_show_reservations(sqlite_url: str) -> None:
+    now = time.time()
+    with quota.connect(sqlite_url, clock=lambda: now - 120) as limiter:
+        held = limiter.reserve_quota("alice", "tokens", 40, 100, "day", ttl=60)
+        limiter.reserve_quota("alice", "tokens", 30, 100, "day", ttl=3600)
+    assert held.id is not None
+    dry = run(sqlite_url, "cleanup", "--dry-run", "--json")
+    assert json.loads(dry.output)["released"] == 1
+    listed = run(sqlite_url, "usage", "alice").output.splitlines()
+    assert listed[1].split()[:5] == ["tokens", "day", "0", "30", "100"]  # released on reading
+    entries = run(sqlite_url, "ledger", "alice").output.splitlines()
+    assert "RESERVED" in entries[0].split()
+    assert [line.split()[1] for line in entries[1:]] == ["reserve", "reserve", "release"]
+    rows = list(csv.DictReader(io.StringIO(run(sqlite_url, "ledger", "alice", "--csv").output)))
+    assert rows[2]["reservation_id"] == held.id and rows[2]["reserved"] == "40"
+    done = run(sqlite_url, "cleanup", "--json")
+    assert json.loads(done.output)["released"] == 0  # the read released it already

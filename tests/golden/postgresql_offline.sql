@@ -135,7 +135,50 @@ CREATE INDEX ix_quota_leases_expires_at ON quota_leases (expires_at);
 
 UPDATE quota_alembic_version SET version_num='0006_leases' WHERE quota_alembic_version.version_num = '0005_settings';
 
--- Running upgrade 0006_leases -> 0008_thresholds
+-- Running upgrade 0006_leases -> 0007_reservations
+
+ALTER TABLE quota_usage ADD COLUMN reserved BIGINT DEFAULT '0' NOT NULL;
+
+ALTER TABLE quota_usage ADD COLUMN next_expiry FLOAT;
+
+ALTER TABLE quota_ledger ADD COLUMN reservation_id TEXT COLLATE "C";
+
+ALTER TABLE quota_ledger ADD COLUMN reserved BIGINT;
+
+ALTER TABLE quota_ledger DROP CONSTRAINT ck_quota_ledger_kind;
+
+ALTER TABLE quota_ledger ADD CONSTRAINT ck_quota_ledger_kind CHECK (kind IN ('consume', 'deny', 'refund', 'grant', 'rate_denied', 'reserve', 'settle', 'release'));
+
+CREATE TABLE quota_reservations (
+    id TEXT COLLATE "C" NOT NULL, 
+    subject TEXT COLLATE "C" NOT NULL, 
+    name TEXT COLLATE "C" NOT NULL, 
+    period_start BIGINT NOT NULL, 
+    period_end BIGINT NOT NULL, 
+    period TEXT NOT NULL, 
+    tz TEXT, 
+    quota_limit BIGINT NOT NULL, 
+    amount BIGINT NOT NULL, 
+    idempotency_key TEXT COLLATE "C", 
+    created_at FLOAT NOT NULL, 
+    expires_at FLOAT NOT NULL, 
+    state TEXT NOT NULL, 
+    ended_at FLOAT, 
+    outcome TEXT, 
+    thresholds TEXT, 
+    CONSTRAINT pk_quota_reservations PRIMARY KEY (id), 
+    CONSTRAINT ck_quota_reservations_state CHECK (state IN ('held', 'settled', 'released'))
+);
+
+CREATE INDEX ix_quota_reservations_live ON quota_reservations (subject, name, period_start, expires_at) WHERE state = 'held';
+
+CREATE INDEX ix_quota_reservations_expires_at ON quota_reservations (expires_at);
+
+CREATE UNIQUE INDEX uq_quota_reservations_idempotency ON quota_reservations (subject, name, idempotency_key) WHERE idempotency_key IS NOT NULL;
+
+UPDATE quota_alembic_version SET version_num='0007_reservations' WHERE quota_alembic_version.version_num = '0006_leases';
+
+-- Running upgrade 0007_reservations -> 0008_thresholds
 
 CREATE TABLE quota_events (
     id BIGSERIAL NOT NULL, 
@@ -161,7 +204,7 @@ CREATE INDEX ix_quota_events_undelivered ON quota_events (id) WHERE delivered_at
 
 CREATE INDEX ix_quota_events_delivered_at ON quota_events (delivered_at);
 
-UPDATE quota_alembic_version SET version_num='0008_thresholds' WHERE quota_alembic_version.version_num = '0006_leases';
+UPDATE quota_alembic_version SET version_num='0008_thresholds' WHERE quota_alembic_version.version_num = '0007_reservations';
 
 COMMIT;
 

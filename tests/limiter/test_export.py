@@ -215,13 +215,13 @@ def test_a_record_reads_as_a_dict_with_its_type_first(b: Backend, clock: Clock) 
     assert usage.as_dict() == {
         "type": "usage", "subject": "alice", "name": "llm", "period": "day", "tz": "UTC",
         "period_start": MIDNIGHT, "resets_at": MIDNIGHT + DAY, "limit": 10, "used": 3,
-        "granted": 0, "updated_at": MIDNIGHT + 10.5,
+        "granted": 0, "reserved": 0, "updated_at": MIDNIGHT + 10.5,
     }  # fmt: skip
     assert entry.as_dict() == {
         "type": "ledger", "id": entry.id, "at": MIDNIGHT + 10.5, "subject": "alice",
         "name": "llm", "kind": "consume", "cost": 3, "idempotency_key": "job-1",
         "period_start": MIDNIGHT, "resets_at": MIDNIGHT + DAY, "limit": 10, "used": 3,
-        "remaining": 7, "refunded_at": None,
+        "remaining": 7, "refunded_at": None, "reservation_id": None, "reserved": None,
     }  # fmt: skip
     assert list(usage.as_dict()) == [f.name for f in dataclasses.fields(usage)]
     with pytest.raises(dataclasses.FrozenInstanceError):

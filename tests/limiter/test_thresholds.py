@@ -128,7 +128,7 @@ def _statements(op: Any, rows: list[Any]) -> list[str]:
 
 
 def test_no_thresholds_no_extra_statement() -> None:
-    charge = [[(9, 0)], [(1,)]]
+    charge = [[(9, 0, 0)], [(1,)]]  # usage_charge: used, granted, reserved
     plain = _quotas.consume("s", "n", 10, "day", 1, None, None, NOW)
     assert _statements(plain, list(charge)) == ["usage_charge", "ledger_charge"]
     below = _quotas.consume("s", "n", 10, "day", 1, None, None, NOW, (0.95,))
@@ -319,6 +319,38 @@ def test_a_replayed_charge_fires_nothing_again(backend: Backend) -> None:
     assert len(got) == 1
 
 
+# -- reservations: the hold fires nothing, its settle fires what its charge reaches ---------
+
+
+def test_a_hold_fires_nothing_and_its_settle_fires_once(backend: Backend) -> None:
+    got: list[quota.ThresholdEvent] = []
+    face = backend.connect(on_threshold=got.append)
+    held = call(backend, face, "reserve_quota", "s", "n", 9, 10, "day", thresholds=(0.5, 0.8))
+    assert held.allowed and held.decision.fired == () and events(backend.url) == []
+    settled = call(backend, face, "settle_quota", held.id, 6)
+    assert [str(e.threshold) for e in settled.fired] == ["0.5"] and settled.used == 6
+    assert [str(e.threshold) for e in got] == ["0.5"]
+    assert events(backend.url) == [("0.5", 6, 10, True)]
+    again = call(backend, face, "settle_quota", held.id, 9)
+    assert again.replayed and again.fired == () and len(got) == 1
+    # The next charge that reaches 0.8 fires it, once.
+    d = consume(backend, "s", "n", 10, "day", cost=2, thresholds=(0.5, 0.8), face=face)
+    assert [str(e.threshold) for e in d.fired] == ["0.8"]
+    assert [str(e.threshold) for e in got] == ["0.5", "0.8"]
+
+
+def test_a_released_hold_fires_nothing(backend: Backend) -> None:
+    held = call(backend, backend, "reserve_quota", "s", "n", 10, 10, "day", thresholds=(0.5,))
+    released = call(backend, backend, "release_quota", held.id)
+    assert released.fired == () and released.used == 0 and events(backend.url) == []
+
+
+def test_bad_thresholds_on_a_reserve_hold_nothing(backend: Backend) -> None:
+    with pytest.raises(quota.ConfigurationError, match="thresholds"):
+        call(backend, backend, "reserve_quota", "s", "n", 1, 10, "day", thresholds=(1.5,))
+    assert call(backend, backend, "quota_usage", "s") == []
+
+
 # -- a database not migrated to the outbox -----------------------------------------------------
 
 
@@ -327,7 +359,7 @@ def test_an_old_schema_says_to_migrate_and_works_without_thresholds(
     sql_database: Callable[..., str], sql_dialect: str, face: str,
     open_backend: Callable[..., Backend],
 ) -> None:  # fmt: skip
-    url = sql_database("0006_leases")
+    url = sql_database("0007_reservations")  # durable quotas need 0007 at least
     backend = open_backend(f"{sql_dialect}-{face}", url)
     d = consume(backend, "s", "n", 10, "day", cost=9, idempotency_key="a")
     assert d.allowed and d.fired == ()
@@ -342,6 +374,20 @@ def test_an_old_schema_says_to_migrate_and_works_without_thresholds(
     assert call(backend, backend, "quota_usage", "s")[0].used == 0
     quota.migrate(url)
     assert len(consume(backend, "s", "n", 10, "day", cost=9, thresholds=(0.5,)).fired) == 1
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_reserve_with_thresholds_before_the_outbox_says_to_migrate(
+    sql_database: Callable[..., str], sql_dialect: str, face: str,
+    open_backend: Callable[..., Backend],
+) -> None:  # fmt: skip
+    url = sql_database("0007_reservations")
+    backend = open_backend(f"{sql_dialect}-{face}", url)
+    with pytest.raises(quota.SchemaError, match="quota migrate"):
+        call(backend, backend, "reserve_quota", "s", "n", 5, 10, "day", thresholds=(0.5,))
+    # Held nothing; without thresholds a reservation works at 0007.
+    held = call(backend, backend, "reserve_quota", "s", "n", 5, 10, "day")
+    assert held.allowed and call(backend, backend, "settle_quota", held.id, 5).used == 5
 
 
 # -- several processes -------------------------------------------------------------------------

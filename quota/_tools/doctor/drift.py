@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from quota._sql.partitions import DEFAULT_PARTITION
 from quota._sql.schema import (
+    COLUMN_REVISIONS,
     EPHEMERAL_TABLES,
     REQUIRED,
     REVISIONS,
@@ -49,6 +50,7 @@ _TABLE_ROLE = {
         " (`quota policy multiplier`, `quota policy abuse-threshold` fail)"
     ),
     "quota_leases": "concurrency blocks (`limiter.concurrency`) fail",
+    "quota_reservations": "durable quotas fail until migrated",
     VERSION_TABLE: "quota cannot tell which migrations ran",
 }
 #: What breaks without an index.
@@ -114,7 +116,7 @@ def drift_findings(
                 findings.append(drift.table_missing(name, revision))
             continue
         findings += drift.storage(want, have)
-        findings += drift.columns(want, have)
+        findings += drift.columns(want, have, revision)
         findings += drift.primary_key(want, have)
         findings += drift.indexes(want, have, revision)
     if not findings:
@@ -229,12 +231,14 @@ class _Drift:
             " `quota doctor` again",
         )
 
-    def columns(self, want: TableShape, have: TableShape) -> list[Finding]:
+    def columns(self, want: TableShape, have: TableShape, revision: str) -> list[Finding]:
         findings = []
         table = want.name
         for column in want.columns:
             live = have.column(column.name)
             if live is None:
+                if _behind(revision, COLUMN_REVISIONS.get((table, column.name), "")):
+                    continue  # a later migration adds it: the schema finding says to migrate
                 findings.append(self.column_missing(want, column))
             else:
                 findings += self.column(table, column, live)

@@ -9,7 +9,7 @@ from quota.contrib.django.operations import QuotaSchema
 
 class Migration(migrations.Migration):  # type: ignore[misc]
     atomic = False  # quota's own run holds its own transaction and lock
-    dependencies: ClassVar[list[tuple[str, str]]] = [("quota", "0002_leases")]
+    dependencies: ClassVar[list[tuple[str, str]]] = [("quota", "0003_reservations")]
     operations: ClassVar[list[QuotaSchema]] = [
-        QuotaSchema(target="0008_thresholds", previous="0006_leases")
+        QuotaSchema(target="0008_thresholds", previous="0007_reservations")
     ]
