@@ -37,6 +37,8 @@ _HERE = Path(__file__).parent
 TOP_OVERVIEW = 10
 TOP_KEYS = 200
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "gcra")
+#: The ``fail_open`` field: as ``--fail-open``/``--fail-closed``, or the class's.
+_FAIL: dict[str, bool | None] = {"": None, "open": True, "closed": False}
 _FIELDS = "rates (with algorithm), cost, fail_open, exempt"
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -144,12 +146,12 @@ class _Dashboard:
             if change and self.read_only:
                 log.warning("%s: refused %s: read-only", who, request.url.path)
                 return self.refuse(request, 403, "the dashboard is read-only")
-            if change or csrf:
-                if who != "bearer":
-                    form = await request.form()
-                    if not _auth.same(_str(form.get("csrf_token")), self.csrf(request)):
-                        log.warning("%s: refused %s without a valid CSRF token", who, request.url.path)
-                        return self.refuse(request, 403, "missing or invalid CSRF token")
+            # A bearer request carries its credential itself: no browser sends one on its own.
+            if (change or csrf) and who != "bearer":
+                form = await request.form()
+                if not _auth.same(_str(form.get("csrf_token")), self.csrf(request)):
+                    log.warning("%s: refused %s without a valid CSRF token", who, request.url.path)
+                    return self.refuse(request, 403, "missing or invalid CSRF token")
             try:
                 return await handler(request)
             except quota.ConfigurationError as exc:
@@ -158,9 +160,9 @@ class _Dashboard:
         return guarded
 
     def refuse(self, request: Request, status: int, message: str) -> Response:
-        if getattr(request.state, "who", None) == "bearer" or "text/html" not in request.headers.get(
-            "accept", ""
-        ):
+        if getattr(
+            request.state, "who", None
+        ) == "bearer" or "text/html" not in request.headers.get("accept", ""):
             return JSONResponse({"error": message}, status_code=status)
         return self.page(request, "error.html", status=status, message=message, code=status)
 
@@ -181,16 +183,21 @@ class _Dashboard:
         if request.state.who == "bearer":
             return JSONResponse({"ok": True, "message": message, **fields})
         sep = "&" if "?" in path else "?"
-        return RedirectResponse(f"{_base(request)}{path}{sep}done={quote(message)}", status_code=303)
+        return RedirectResponse(
+            f"{_base(request)}{path}{sep}done={quote(message)}", status_code=303
+        )
 
     # -- login ---------------------------------------------------------------------------
 
     async def login_page(self, request: Request) -> Response:
         nonce = secrets.token_urlsafe(18)
         response = self.page(
-            request, "login.html", login_csrf=nonce, next=_next(request.query_params.get("next")),
+            request,
+            "login.html",
+            login_csrf=nonce,
+            next=_next(request.query_params.get("next")),
             error=None,
-        )  # fmt: skip
+        )
         self._cookie(request, response, _auth.LOGIN_COOKIE, nonce, 600)
         return response
 
@@ -198,14 +205,25 @@ class _Dashboard:
         form = await request.form()
         given = _str(form.get("csrf_token"))
         if not given or not _auth.same(given, request.cookies.get(_auth.LOGIN_COOKIE) or ""):
-            return self.page(request, "error.html", status=403, code=403,
-                             message="missing or invalid CSRF token: reload the login page")  # fmt: skip
+            return self.page(
+                request,
+                "error.html",
+                status=403,
+                code=403,
+                message="missing or invalid CSRF token: reload the login page",
+            )
         target = _next(_str(form.get("next")))
         if not _auth.same(_str(form.get("token")), self.token):
             log.warning("login refused: wrong token")
             nonce = secrets.token_urlsafe(18)
-            response = self.page(request, "login.html", status=401, login_csrf=nonce, next=target,
-                                 error="wrong token")  # fmt: skip
+            response = self.page(
+                request,
+                "login.html",
+                status=401,
+                login_csrf=nonce,
+                next=target,
+                error="wrong token",
+            )
             self._cookie(request, response, _auth.LOGIN_COOKIE, nonce, 600)
             return response
         cookie = _auth.new_session(self.token)
@@ -221,11 +239,18 @@ class _Dashboard:
         response.delete_cookie(_auth.SESSION_COOKIE, path=_base(request) or "/")
         return response
 
-    def _cookie(self, request: Request, response: Response, name: str, value: str, age: int) -> None:
+    def _cookie(
+        self, request: Request, response: Response, name: str, value: str, age: int
+    ) -> None:
         response.set_cookie(
-            name, value, max_age=age, path=_base(request) or "/", httponly=True,
-            samesite="strict", secure=request.url.scheme == "https",
-        )  # fmt: skip
+            name,
+            value,
+            max_age=age,
+            path=_base(request) or "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
 
     # -- pages ---------------------------------------------------------------------------
 
@@ -234,9 +259,12 @@ class _Dashboard:
 
     async def overview(self, request: Request) -> Response:
         data = await self._overview_data()
-        return self.page(request, "overview.html", data=data, plot=bars_svg(
-            [(u["key"], u["count"]) for u in data["top"]]
-        ))  # fmt: skip
+        return self.page(
+            request,
+            "overview.html",
+            data=data,
+            plot=bars_svg([(u["key"], u["count"]) for u in data["top"]]),
+        )
 
     async def overview_api(self, request: Request) -> Response:
         return JSONResponse(await self._overview_data())
@@ -258,12 +286,22 @@ class _Dashboard:
             rows = [u for u in rows if search.lower() in u.key.lower()]
         windows = await self.admin.call("windows", key) if key else None
         if _wants_json(request):
-            return JSONResponse({
-                "top": [asdict(u) for u in rows],
-                "windows": None if windows is None else [asdict(u) for u in windows],
-            })  # fmt: skip
-        return self.page(request, "keys.html", rows=rows, q=search, key=key, windows=windows,
-                         done=request.query_params.get("done"), now=time.time())  # fmt: skip
+            return JSONResponse(
+                {
+                    "top": [asdict(u) for u in rows],
+                    "windows": None if windows is None else [asdict(u) for u in windows],
+                }
+            )
+        return self.page(
+            request,
+            "keys.html",
+            rows=rows,
+            q=search,
+            key=key,
+            windows=windows,
+            done=request.query_params.get("done"),
+            now=time.time(),
+        )
 
     async def reset_confirm(self, request: Request) -> Response:
         key = request.query_params.get("key", "")
@@ -280,8 +318,9 @@ class _Dashboard:
         window = _int("window", window_text) if window_text else None
         deleted = await self.admin.call("reset", key, window)
         what = f"window {window}s of " if window else ""
-        return self.done(request, "/keys", f"reset {what}key {key!r}: {deleted} rows deleted",
-                         deleted=deleted)  # fmt: skip
+        return self.done(
+            request, "/keys", f"reset {what}key {key!r}: {deleted} rows deleted", deleted=deleted
+        )
 
     async def quotas(self, request: Request) -> Response:
         subject = request.query_params.get("subject", "")
@@ -290,12 +329,20 @@ class _Dashboard:
             usage = await self.admin.call("usage", subject, include_ended=True)
             ledger = await self.admin.call("ledger", subject)
         if _wants_json(request):
-            return JSONResponse({
-                "usage": None if usage is None else [asdict(u) for u in usage],
-                "ledger": None if ledger is None else [asdict(e) for e in ledger],
-            })  # fmt: skip
-        return self.page(request, "quotas.html", subject=subject, usage=usage, ledger=ledger,
-                         done=request.query_params.get("done"))  # fmt: skip
+            return JSONResponse(
+                {
+                    "usage": None if usage is None else [asdict(u) for u in usage],
+                    "ledger": None if ledger is None else [asdict(e) for e in ledger],
+                }
+            )
+        return self.page(
+            request,
+            "quotas.html",
+            subject=subject,
+            usage=usage,
+            ledger=ledger,
+            done=request.query_params.get("done"),
+        )
 
     async def grant(self, request: Request) -> Response:
         form = await request.form()
@@ -306,31 +353,47 @@ class _Dashboard:
             period = int(period)
         tz = _str(form.get("tz")) or None
         u = await self.admin.call("limiter.grant_quota", subject, name, amount, period, tz)
-        return self.done(request, f"/quotas?{urlencode({'subject': subject})}",
-                         f"granted {amount} to {subject!r} {name!r}", usage=asdict(u))  # fmt: skip
+        return self.done(
+            request,
+            f"/quotas?{urlencode({'subject': subject})}",
+            f"granted {amount} to {subject!r} {name!r}",
+            usage=asdict(u),
+        )
 
     async def refund(self, request: Request) -> Response:
         form = await request.form()
         subject, name = _required(form, "subject"), _required(form, "name")
         key = _required(form, "idempotency_key")
         result = await self.admin.call("limiter.refund_quota", subject, name, key)
-        return self.done(request, f"/quotas?{urlencode({'subject': subject})}",
-                         f"refund of {key!r} on {subject!r} {name!r}: {result.status}",
-                         result=asdict(result))  # fmt: skip
+        return self.done(
+            request,
+            f"/quotas?{urlencode({'subject': subject})}",
+            f"refund of {key!r} on {subject!r} {name!r}: {result.status}",
+            result=asdict(result),
+        )
 
     async def policies(self, request: Request) -> Response:
         rows = await self.admin.call("policies")
         settings = await self.admin.call("settings")
         served = await self.admin.call("served_routes")
         if _wants_json(request):
-            return JSONResponse({
-                "policies": [asdict(r) for r in rows],
-                "settings": [asdict(s) for s in settings],
-                "served_routes": served,
-            })  # fmt: skip
-        return self.page(request, "policies.html", rows=rows, settings=settings, served=served,
-                         algorithms=ALGORITHMS, done=request.query_params.get("done"),
-                         warning=request.query_params.get("warning"))  # fmt: skip
+            return JSONResponse(
+                {
+                    "policies": [asdict(r) for r in rows],
+                    "settings": [asdict(s) for s in settings],
+                    "served_routes": served,
+                }
+            )
+        return self.page(
+            request,
+            "policies.html",
+            rows=rows,
+            settings=settings,
+            served=served,
+            algorithms=ALGORITHMS,
+            done=request.query_params.get("done"),
+            warning=request.query_params.get("warning"),
+        )
 
     async def set_policy(self, request: Request) -> Response:
         form = await request.form()
@@ -345,9 +408,9 @@ class _Dashboard:
         cost_text = _str(form.get("cost"))
         cost = _int("cost", cost_text) if cost_text else None
         fail = _str(form.get("fail_open"))
-        fail_open = {"": None, "open": True, "closed": False}.get(fail, "bad")
-        if fail_open == "bad":
+        if fail not in _FAIL:
             raise quota.ConfigurationError(f"fail_open must be open, closed or empty, got {fail!r}")
+        fail_open = _FAIL[fail]
         exempt = _str(form.get("exempt")) in ("1", "on", "true", "yes")
         if rates is None and cost is None and fail_open is None and not exempt:
             raise quota.ConfigurationError(
@@ -358,14 +421,26 @@ class _Dashboard:
             raise quota.ConfigurationError(
                 "algorithm applies to the override's rates: give rates with it"
             )
-        row = PolicyRow(route=route, subject=who, rates=rates, algorithm=algorithm, cost=cost,
-                        fail_open=fail_open, exempt=exempt,  # type: ignore[arg-type]
-                        note=_str(form.get("note")) or None)  # fmt: skip
+        row = PolicyRow(
+            route=route,
+            subject=who,
+            rates=rates,
+            algorithm=algorithm,
+            cost=cost,
+            fail_open=fail_open,
+            exempt=exempt,
+            note=_str(form.get("note")) or None,
+        )
         stored = await self.admin.call("set_policy", row)
         warning = await self.admin.call("unserved_route", route)
         path = "/policies" + (f"?{urlencode({'warning': warning})}" if warning else "")
-        return self.done(request, path, f"set policy {route!r} for {who!r}: {_describe(stored)}",
-                         policy=asdict(stored), warning=warning)  # fmt: skip
+        return self.done(
+            request,
+            path,
+            f"set policy {route!r} for {who!r}: {_describe(stored)}",
+            policy=asdict(stored),
+            warning=warning,
+        )
 
     async def delete_policy(self, request: Request) -> Response:
         form = await request.form()
@@ -373,8 +448,9 @@ class _Dashboard:
         subject = _str(form.get("subject")) or "*"
         found = await self.admin.call("delete_policy", route, subject)
         what = "deleted" if found else "no such"
-        return self.done(request, "/policies", f"{what} policy {route!r} for {subject!r}",
-                         deleted=found)  # fmt: skip
+        return self.done(
+            request, "/policies", f"{what} policy {route!r} for {subject!r}", deleted=found
+        )
 
     async def set_multiplier(self, request: Request) -> Response:
         form = await request.form()
@@ -439,10 +515,15 @@ def create_app(
         Route("/policies", g(d.policies), name="policies"),
         Route("/policies/set", change(d.set_policy), methods=["POST"], name="policy_set"),
         Route("/policies/delete", change(d.delete_policy), methods=["POST"], name="policy_delete"),
-        Route("/policies/multiplier", change(d.set_multiplier), methods=["POST"],
-              name="multiplier"),  # fmt: skip
-        Route("/policies/abuse-threshold", change(d.set_abuse_threshold), methods=["POST"],
-              name="abuse_threshold"),  # fmt: skip
+        Route(
+            "/policies/multiplier", change(d.set_multiplier), methods=["POST"], name="multiplier"
+        ),
+        Route(
+            "/policies/abuse-threshold",
+            change(d.set_abuse_threshold),
+            methods=["POST"],
+            name="abuse_threshold",
+        ),
         Route("/policies/unset", change(d.unset), methods=["POST"], name="unset"),
         # Stylesheet and script only, no data: open, so that the login page has its style.
         Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
@@ -496,8 +577,11 @@ def _wants_json(request: Request) -> bool:
 
 
 def _describe(row: PolicyRow) -> str:
-    parts = [f"{k}={v!r}" for k, v in asdict(row).items()
-             if k in ("rates", "algorithm", "cost", "fail_open", "note") and v is not None]  # fmt: skip
+    parts = [
+        f"{k}={v!r}"
+        for k, v in asdict(row).items()
+        if k in ("rates", "algorithm", "cost", "fail_open", "note") and v is not None
+    ]
     if row.exempt:
         parts.append("exempt")
     return ", ".join(parts)
