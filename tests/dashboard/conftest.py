@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -81,3 +88,56 @@ def login(client: TestClient, base: str = "") -> str:
 
 def csrf_of(html: str) -> str:
     return html.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def quota_command(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from quota._cli import main; main()", *args]
+
+
+@contextlib.contextmanager
+def served(url: str, *args: str, token: str | None = TOKEN) -> Iterator[str]:
+    """`quota dashboard` on a private loopback port: its base URL while it runs; stopped after."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "QUOTA_DASHBOARD_TOKEN"}
+    if token is not None:
+        env["QUOTA_DASHBOARD_TOKEN"] = token
+    proc = subprocess.Popen(
+        quota_command("dashboard", "--url", url, "--host", "127.0.0.1", "--port", str(port), *args),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"quota dashboard exited {proc.returncode}: {proc.stdout.read()}"
+                )  # type: ignore[union-attr]
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("quota dashboard did not answer /health within 30 s")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
