@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
@@ -60,10 +59,10 @@ class _Admin:
             )
         self._target = target
         self._admin: Admin | AsyncAdmin | None = None
-        self._lock = asyncio.Lock() if not isinstance(target, str) else None
         self._opened: quota.Limiter | None = None
 
     def _get(self) -> Admin | AsyncAdmin:
+        # Called on the event loop's thread only: no two requests open the limiter twice.
         if self._admin is None:
             target = self._target
             if isinstance(target, str):
