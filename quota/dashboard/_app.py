@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import quota
 from quota.admin import Admin, AsyncAdmin, PolicyRow
 from quota.dashboard import _auth
-from quota.dashboard._plots import bars_svg
+from quota.dashboard._plots import bars_svg, usage_svg
 
 log = logging.getLogger("quota.dashboard")
 
@@ -336,9 +336,17 @@ class _Dashboard:
                     "ledger": None if ledger is None else [asdict(e) for e in ledger],
                 }
             )
+        plot = usage_svg(
+            [
+                (f"{u.name} ({u.period})", u.used, None if u.limit is None else u.limit + u.granted)
+                for u in usage or []
+                if u.resets_at > time.time()
+            ]
+        )
         return self.page(
             request,
             "quotas.html",
+            plot=plot,
             subject=subject,
             usage=usage,
             ledger=ledger,

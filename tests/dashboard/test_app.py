@@ -82,6 +82,8 @@ def test_the_bearer_token_reads_every_page(client: TestClient) -> None:
     for path in ("/", "/keys", f"/quotas?subject={SUBJECT}", "/policies"):
         r = client.get(path, headers={**BEARER, **BROWSER})
         assert r.status_code == 200, path
+    html = client.get("/quotas", params={"subject": SUBJECT}, headers={**BEARER, **BROWSER}).text
+    assert 'aria-label="quota usage"' in html and "5 / 100" in html
     overview = client.get("/api/overview", headers=BEARER).json()
     assert overview["top"][0]["key"] == HOT_KEY
     assert overview["top"][0]["count"] == 7
