@@ -37,6 +37,8 @@ _HERE = Path(__file__).parent
 #: The busiest keys the overview and the keys page list.
 TOP_OVERVIEW = 10
 TOP_KEYS = 200
+#: The concurrency keys the keys page lists.
+TOP_LEASES = 50
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "gcra")
 #: The ``fail_open`` field: as ``--fail-open``/``--fail-closed``, or the class's.
 _FAIL: dict[str, bool | None] = {"": None, "open": True, "closed": False}
@@ -286,11 +288,15 @@ class _Dashboard:
         if search:
             rows = [u for u in rows if search.lower() in u.key.lower()]
         windows = await self.admin.call("windows", key) if key else None
+        leases = await self.admin.call("top_leases", TOP_LEASES)
+        holders = await self.admin.call("leases", key) if key else None
         if _wants_json(request):
             return JSONResponse(
                 {
                     "top": [asdict(u) for u in rows],
                     "windows": None if windows is None else [asdict(u) for u in windows],
+                    "leases": [asdict(u) for u in leases],
+                    "holders": None if holders is None else asdict(holders),
                 }
             )
         return self.page(
@@ -300,6 +306,8 @@ class _Dashboard:
             q=search,
             key=key,
             windows=windows,
+            leases=leases,
+            holders=holders,
             done=request.query_params.get("done"),
             now=time.time(),
         )

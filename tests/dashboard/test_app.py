@@ -78,7 +78,7 @@ def test_every_route_needs_the_token(app: Any, client: TestClient) -> None:
     assert client.get("/health").json() == {"status": "ok"}
 
 
-def test_the_bearer_token_reads_every_page(client: TestClient) -> None:
+def test_the_bearer_token_reads_every_page(client: TestClient, seeded: Seeded) -> None:
     for path in ("/", "/keys", f"/quotas?subject={SUBJECT}", "/policies"):
         r = client.get(path, headers={**BEARER, **BROWSER})
         assert r.status_code == 200, path
@@ -92,6 +92,12 @@ def test_the_bearer_token_reads_every_page(client: TestClient) -> None:
         "/keys", params={"key": HOT_KEY}, headers={**BEARER, "accept": "application/json"}
     ).json()
     assert keys["windows"][0]["count"] == 7
+    with seeded.limiter.concurrency("<i>job</i>", 3):
+        page = client.get("/keys", params={"key": "<i>job</i>"}, headers={**BEARER, **BROWSER})
+        leased = client.get("/keys", headers={**BEARER, "accept": "application/json"}).json()
+    assert (leased["leases"][0]["key"], leased["leases"][0]["held"]) == ("<i>job</i>", 1)
+    assert "1 held, 2 free of 3" in page.text and "&lt;i&gt;job&lt;/i&gt;" in page.text
+    assert "<i>job" not in page.text
     quotas = client.get(
         "/quotas", params={"subject": SUBJECT}, headers={**BEARER, "accept": "application/json"}
     ).json()
