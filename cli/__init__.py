@@ -5,6 +5,7 @@ other module registers its commands on it when imported here.
 """
 
 from . import bench as _bench  # noqa: F401  (registers `quota bench/demo`)
+from . import dashboard as _dashboard  # noqa: F401  (registers `quota dashboard`)
 from . import export as _export  # noqa: F401  (registers `quota export`)
 from . import maintenance as _maintenance  # noqa: F401  (registers `quota migrate/downgrade/cleanup`)
 from . import policy  # noqa: F401  (registers `quota policy`)

@@ -17,7 +17,7 @@ import click
 import pytest
 
 import quota
-from tests.cli.test_cli_habits import ARGS, _invoke, run
+from tests.cli.test_cli_habits import ARGS, SERVING, _invoke, run
 
 BROKEN_PIPE = 141
 
@@ -51,7 +51,7 @@ def test_demo_into_head_exits_quietly(tmp_path: Path) -> None:
 
 # (``export`` writes its records straight to the stream, not through click.echo: its
 # closed pipe is tested for real in tests/cli/test_export_cli.py.)
-@pytest.mark.parametrize("command", sorted(set(ARGS) - {"export"}))
+@pytest.mark.parametrize("command", sorted(set(ARGS) - {"export"} - SERVING))
 def test_every_command_exits_141_when_its_output_pipe_closes(
     command: str, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

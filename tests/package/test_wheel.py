@@ -112,6 +112,13 @@ def test_the_wheel_carries_every_layer_and_no_benchmark_code(wheel: Path) -> Non
     assert "quota/http/shedding.py" in names
     assert "quota/_tools/doctor/runner.py" in names
     assert "quota/_stores/lua/common.lua" in names
+    # The dashboard's templates and static files, every one the repository has.
+    here = Path(__file__).resolve().parents[2] / "quota" / "dashboard"
+    assets = sorted(
+        p.relative_to(here.parent.parent).as_posix()
+        for p in [*here.glob("templates/*"), *here.glob("static/*")]
+    )
+    assert assets and not set(assets) - set(names), set(assets) - set(names)
     # The Django app with its migrations and management commands (found by Django on disk).
     for name in ("migrations/0001_initial.py", "management/commands/quota_cleanup.py"):
         assert f"quota/contrib/django/{name}" in names, name
