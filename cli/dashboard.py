@@ -87,4 +87,8 @@ def dashboard(
     with _errors():
         app = create_app(url, token=token, read_only=read_only)
     click.echo(f"quota dashboard on http://{host}:{port}/{' (read-only)' if read_only else ''}")
+    click.echo(
+        "no decision rates here: this process makes no decisions; to see them, mount"
+        " quota.dashboard.create_app(..., metrics=metrics) in the app that makes them"
+    )
     uvicorn.run(app, host=host, port=port, log_level="info", lifespan="off")

@@ -6,7 +6,8 @@
     # or, inside a Starlette / FastAPI app:
     main_app.mount("/quota", create_app(limiter, token=token, read_only=True))
 
-Pages: the overview (store health, the fallback, the busiest keys), the keys
+Pages: the overview (store health, the fallback, decisions and denials per
+second by route and tier from a `quota.Metrics`, the busiest keys), the keys
 (search, windows, reset), a subject's durable quotas and ledger (grant,
 refund), and the route policies and settings (the same edits as ``quota
 policy``). Every page and API route needs the token, as a bearer token or

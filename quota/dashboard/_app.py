@@ -30,6 +30,7 @@ import quota
 from quota.admin import Admin, AsyncAdmin, PolicyRow
 from quota.dashboard import _auth
 from quota.dashboard._plots import bars_svg, usage_svg
+from quota.dashboard._rates import RateTracker
 
 log = logging.getLogger("quota.dashboard")
 
@@ -98,16 +99,21 @@ class _Admin:
 
 
 class _Dashboard:
-    def __init__(self, admin: _Admin, token: str, read_only: bool) -> None:
+    def __init__(
+        self, admin: _Admin, token: str, read_only: bool, metrics: quota.Metrics | None
+    ) -> None:
         self.admin = admin
         self.token = token
         self.read_only = read_only
+        self.rates = None if metrics is None else RateTracker(metrics)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
         self.env.filters["utc"] = _utc
+        self.env.filters["per_s"] = _per_s
+        self.env.filters["interval"] = _interval
 
     # -- who is asking -------------------------------------------------------------------
 
@@ -279,6 +285,7 @@ class _Dashboard:
             "time": time.time(),
             "health": asdict(health),
             "top": [asdict(u) for u in top],
+            "rates": None if self.rates is None else self.rates.poll(),
         }
 
     async def keys(self, request: Request) -> Response:
@@ -497,20 +504,29 @@ def create_app(
     *,
     token: str,
     read_only: bool = False,
+    metrics: quota.Metrics | None = None,
 ) -> Starlette:
     """The dashboard as an ASGI app, over `limiter_or_url` (a database URL or a limiter).
 
     `token` is the secret every request must show (as ``Authorization: Bearer``
     or through the login form); with `read_only` every change is refused (403).
     A URL's limiter opens on the first request that needs it; a limiter given
-    stays the caller's to close. Raises `quota.ConfigurationError` for an
-    empty token or a target that is neither a URL nor a limiter.
+    stays the caller's to close. `metrics` is the `quota.Metrics` whose
+    decisions and shed requests the overview shows per second (default: the
+    given limiter's ``metrics=``, if any). Raises `quota.ConfigurationError`
+    for an empty token, a target that is neither a URL nor a limiter, or
+    `metrics` that is not a `quota.Metrics`.
     """
     if not isinstance(token, str) or not token:
         raise quota.ConfigurationError(f"token must be a non-empty string, got {token!r}")
     if not isinstance(read_only, bool):
         raise quota.ConfigurationError(f"read_only must be a bool, got {read_only!r}")
-    d = _Dashboard(_Admin(limiter_or_url), token, read_only)
+    if metrics is not None and not isinstance(metrics, quota.Metrics):
+        raise quota.ConfigurationError(f"metrics must be a quota.Metrics, got {metrics!r}")
+    admin = _Admin(limiter_or_url)
+    if metrics is None and isinstance(limiter_or_url, (quota.Limiter, quota.AsyncLimiter)):
+        metrics = limiter_or_url.options.metrics
+    d = _Dashboard(admin, token, read_only, metrics)
     g = d.guard
 
     def change(handler: Handler) -> Handler:
@@ -644,3 +660,16 @@ def _utc(epoch: float | None) -> str:
     if epoch is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
+
+
+def _per_s(rate: float | None) -> str:
+    """A per-second figure as the overview shows it (the script formats it alike)."""
+    return "-" if rate is None else f"{rate:.2f}"
+
+
+def _interval(seconds: float | None) -> str:
+    return (
+        "the next update (the first poll has no interval)"
+        if seconds is None
+        else f"the last {seconds:.1f} s"
+    )

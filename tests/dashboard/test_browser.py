@@ -8,16 +8,20 @@ them, unless QUOTA_TEST_REQUIRE_BROWSER=1, when it fails instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import quota
 from quota.admin import Admin
-from tests.dashboard.conftest import HOT_KEY, HTML_KEY, SUBJECT, TOKEN, Seeded, served
+from tests.dashboard.conftest import HOT_KEY, HTML_KEY, SUBJECT, TOKEN, Seeded, free_port, served
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -100,6 +104,8 @@ def test_the_dashboard_in_a_browser(browser: object, seeded: Seeded) -> None:
             d.save_screenshot(shot)  # type: ignore[attr-defined]
         # The key holding HTML is text: no script ran, no alert is open.
         assert HTML_KEY in d.find_element(By.ID, "top").text  # type: ignore[attr-defined]
+        hint = d.find_element(By.ID, "rates-hint").text  # type: ignore[attr-defined]
+        assert "metrics=quota.Metrics()" in hint
         d.get(f"{base}/keys?q=script")  # type: ignore[attr-defined]
         assert d.find_element(By.CSS_SELECTOR, "#keys a.key").text == HTML_KEY  # type: ignore[attr-defined]
         assert d.execute_script("return window.pwned === undefined")  # type: ignore[attr-defined]
@@ -166,3 +172,51 @@ def test_the_overview_updates_itself(browser: object, seeded: Seeded) -> None:
         assert d.find_element(By.ID, "updated").text != before  # type: ignore[attr-defined]
         assert d.execute_script("return window.pwned === undefined")  # type: ignore[attr-defined]
         assert HTML_KEY in d.find_element(By.ID, "top").text  # type: ignore[attr-defined]
+        hint = d.find_element(By.ID, "rates-hint").text  # type: ignore[attr-defined]
+        assert "metrics=quota.Metrics()" in hint
+
+
+@contextlib.contextmanager
+def _serving(app: object) -> Iterator[str]:
+    """`app` under uvicorn on a thread of this process (so that it shares its Metrics)."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), lifespan="off", log_level="warning")  # type: ignore[arg-type]
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_the_overview_shows_the_rates_of_its_metrics(browser: object, seeded: Seeded) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from quota.dashboard import create_app
+
+    metrics = quota.Metrics()
+    app = create_app(seeded.url, token=TOKEN, metrics=metrics)
+    d: object = browser
+    try:
+        with _serving(app) as base:
+            _login(d, base)
+            assert "no decision counted yet" in d.find_element(By.ID, "rates").text  # type: ignore[attr-defined]
+            metrics.record_decision(False, route=HTML_KEY, tier="anon")
+            metrics.record_shed("/upload")
+            WebDriverWait(d, 15).until(
+                lambda drv: HTML_KEY in drv.find_element(By.ID, "rates-decisions").text
+            )
+            assert "/upload" in d.find_element(By.ID, "rates-shed").text  # type: ignore[attr-defined]
+            assert "the last" in d.find_element(By.ID, "rates-interval").text  # type: ignore[attr-defined]
+            assert d.execute_script("return window.pwned === undefined")  # type: ignore[attr-defined]
+    finally:
+        app.state.dashboard.admin.close()

@@ -77,7 +77,16 @@ def test_it_serves_the_app_behind_the_token(seeded: Seeded) -> None:
             f"{base}/api/overview", headers={"Authorization": f"Bearer {TOKEN}"}
         )
         with urllib.request.urlopen(ask, timeout=10) as r:
-            assert json.load(r)["top"][0]["key"] == HOT_KEY
+            body = json.load(r)
+            assert body["top"][0]["key"] == HOT_KEY
+            # A process of its own makes no decisions: no rates, and the page says why.
+            assert body["rates"] is None
+        page = urllib.request.Request(
+            f"{base}/", headers={"Authorization": f"Bearer {TOKEN}", "Accept": "text/html"}
+        )
+        with urllib.request.urlopen(page, timeout=10) as r:
+            html = r.read().decode()
+            assert 'id="rates-hint"' in html and "never sees them" in html
     with served(seeded.url, "--read-only") as base:
         change = urllib.request.Request(
             f"{base}/keys/reset",

@@ -1,5 +1,6 @@
 // The overview updates itself: every 5 s it reads <base>/api/overview (same origin,
-// the session cookie) and rewrites the health cells and the busiest keys, as text only.
+// the session cookie) and rewrites the health cells, the decision rates and the busiest
+// keys, as text only.
 (function () {
   "use strict";
   var base = document.body.getAttribute("data-base") || "";
@@ -10,6 +11,38 @@
   function utc(epoch) {
     return new Date(epoch * 1000).toISOString().replace(/\.\d+Z$/, "Z").replace("T", " ");
   }
+  function perS(rate) { return rate === null ? "-" : rate.toFixed(2); }
+  function label(value) { return value === "" ? "(none)" : value; }
+  // Replaces the rows of `selector`'s body with one per item of `rows`, each cell as text.
+  function fill(selector, rows, cells, empty, span) {
+    var body = document.querySelector(selector);
+    if (!body) { return; }
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    if (rows.length === 0) { rows = [null]; }
+    rows.forEach(function (row) {
+      var tr = document.createElement("tr");
+      (row === null ? [empty] : cells(row)).forEach(function (c) {
+        var td = document.createElement("td");
+        td.textContent = c;
+        if (row === null) { td.colSpan = span; }
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    });
+  }
+  function renderRates(r) {
+    if (!r) { return; }
+    fill("#rates-decisions tbody", r.decisions, function (row) {
+      return [label(row.route), label(row.tier), perS(row.decisions_per_s),
+        perS(row.denials_per_s), String(row.decisions), String(row.denials)];
+    }, "no decision counted yet", 6);
+    fill("#rates-shed tbody", r.shed, function (row) {
+      return [label(row.route), perS(row.shed_per_s), String(row.shed)];
+    }, "no request shed", 3);
+    text("rates-interval", r.interval === null
+      ? "the next update (the first poll has no interval)"
+      : "the last " + r.interval.toFixed(1) + " s");
+  }
   function render(data) {
     var h = data.health;
     var state = !h.up ? "down: the memory fallback decides"
@@ -17,6 +50,7 @@
     text("h-state", state);
     document.getElementById("h-state").className = (h.up && h.reachable !== false) ? "ok" : "bad";
     text("h-probe", h.latency !== null ? (h.latency * 1000).toFixed(1) + " ms" : (h.probe_error || "-"));
+    renderRates(data.rates);
     var body = document.querySelector("#top tbody");
     if (!body) { return; }
     while (body.firstChild) { body.removeChild(body.firstChild); }

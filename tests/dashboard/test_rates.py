@@ -1,0 +1,164 @@
+"""The overview's decision and shedding rates, read from a `quota.Metrics`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+import quota
+from quota.dashboard import create_app
+from quota.dashboard._rates import counts, rates
+from tests.dashboard.conftest import BROWSER, HTML_KEY, TOKEN, Seeded
+
+BEARER = {"authorization": f"Bearer {TOKEN}"}
+USERS, SEARCH, UPLOAD = "/users/{id}", "/search", "/upload"
+ATTR = '"><img src=x onerror=alert(1)>'
+
+
+class Clock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _app(target: Any, clock: Clock, **kwargs: Any) -> Any:
+    app = create_app(target, token=TOKEN, **kwargs)
+    if app.state.dashboard.rates is not None:
+        app.state.dashboard.rates.clock = clock
+    return app
+
+
+def _by_label(body: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    r = body["rates"]
+    found: dict[Any, dict[str, Any]] = {(row["route"], row["tier"]): row for row in r["decisions"]}
+    found.update({row["route"]: row for row in r["shed"]})
+    return found
+
+
+def test_two_polls_give_decisions_denials_and_shed_per_second(seeded: Seeded) -> None:
+    metrics, clock = quota.Metrics(), Clock()
+    for allowed in (True, True, True, False):
+        metrics.record_decision(allowed, route=USERS, tier="anon")
+    metrics.record_decision(True, source="fallback", route=USERS, tier="anon")
+    metrics.record_shed(UPLOAD)
+    app = _app(seeded.url, clock, metrics=metrics)
+    try:
+        with TestClient(app) as client:
+            first = client.get("/api/overview", headers=BEARER).json()
+            # The first poll has no interval: counts since the metrics began, no rate.
+            assert first["rates"]["interval"] is None
+            row = _by_label(first)[(USERS, "anon")]
+            assert (row["decisions"], row["denials"]) == (5, 1)
+            assert row["decisions_per_s"] is None and row["denials_per_s"] is None
+            assert _by_label(first)[UPLOAD] == {"route": UPLOAD, "shed": 1, "shed_per_s": None}
+
+            clock.now += 4.0
+            for allowed in (True, True, False, False, False, True):
+                metrics.record_decision(allowed, route=USERS, tier="anon")
+            metrics.record_decision(False, source="fail_open", route=SEARCH, tier="pro")
+            metrics.record_decision(True, route=SEARCH, tier="anon")
+            for _ in range(10):
+                metrics.record_shed(UPLOAD)
+            second = client.get("/api/overview", headers=BEARER).json()
+            assert second["rates"]["interval"] == 4.0
+            found = _by_label(second)
+            assert found[(USERS, "anon")] == {
+                "route": USERS,
+                "tier": "anon",
+                "decisions": 11,
+                "denials": 4,
+                "decisions_per_s": 1.5,
+                "denials_per_s": 0.75,
+            }
+            # A label set first counted since the last poll counts from zero.
+            assert found[(SEARCH, "pro")]["decisions_per_s"] == 0.25
+            assert found[(SEARCH, "pro")]["denials_per_s"] == 0.25
+            assert found[(SEARCH, "anon")]["denials_per_s"] == 0.0
+            assert found[UPLOAD]["shed_per_s"] == 2.5
+            assert [r["route"] for r in second["rates"]["decisions"]] == [SEARCH, SEARCH, USERS]
+
+            # A poll right after (another tab) shows the same figures, not a spike.
+            clock.now += 0.2
+            metrics.record_decision(True, route=USERS, tier="anon")
+            assert client.get("/api/overview", headers=BEARER).json()["rates"] == second["rates"]
+
+            clock.now += 1.8
+            html = client.get("/", headers={**BEARER, **BROWSER}).text
+            assert "the last 2.0 s" in html
+            assert "<td>0.50</td>" in html  # the one decision on USERS over 2 s
+            assert "0.00" in html and "No rates" not in html
+    finally:
+        app.state.dashboard.admin.close()
+
+
+def test_a_limiter_given_lends_its_metrics(seeded: Seeded) -> None:
+    metrics, clock = quota.Metrics(), Clock()
+    limiter = quota.connect(seeded.url, pool_size=2, metrics=metrics)
+    try:
+        with TestClient(_app(limiter, clock)) as client:
+            client.get("/api/overview", headers=BEARER)
+            limiter.hit("user:1", "1/hour")
+            limiter.hit("user:1", "1/hour")
+            clock.now += 2.0
+            row = _by_label(client.get("/api/overview", headers=BEARER).json())[("", "")]
+            assert (row["decisions_per_s"], row["denials_per_s"]) == (1.0, 0.5)
+        # An explicit metrics= wins over the limiter's.
+        other = quota.Metrics()
+        other.record_decision(True, route=USERS, tier="anon")
+        with TestClient(_app(limiter, clock, metrics=other)) as client:
+            found = _by_label(client.get("/api/overview", headers=BEARER).json())
+            assert list(found) == [(USERS, "anon")]
+    finally:
+        limiter.close()
+
+
+def test_route_and_tier_labels_render_escaped(seeded: Seeded) -> None:
+    metrics = quota.Metrics()
+    metrics.record_decision(False, route=HTML_KEY, tier=ATTR)
+    metrics.record_shed(ATTR)
+    app = _app(seeded.url, Clock(), metrics=metrics)
+    try:
+        with TestClient(app) as client:
+            html = client.get("/", headers={**BEARER, **BROWSER}).text
+            assert "<script>window" not in html and "<img" not in html
+            assert "&lt;script&gt;window.pwned=1;alert(1)&lt;/script&gt;" in html
+            assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in html
+            assert _by_label(client.get("/api/overview", headers=BEARER).json())[ATTR]
+    finally:
+        app.state.dashboard.admin.close()
+
+
+def test_without_metrics_the_page_says_how_to_get_them(seeded: Seeded) -> None:
+    for target in (seeded.url, seeded.limiter):
+        app = create_app(target, token=TOKEN)
+        try:
+            with TestClient(app) as client:
+                assert client.get("/api/overview", headers=BEARER).json()["rates"] is None
+                html = client.get("/", headers={**BEARER, **BROWSER}).text
+                assert 'id="rates-hint"' in html and 'id="rates-decisions"' not in html
+                assert "metrics=metrics" in html and "metrics=quota.Metrics()" in html
+                assert "quota dashboard" in html
+        finally:
+            app.state.dashboard.admin.close()
+    with pytest.raises(quota.ConfigurationError, match="metrics must be a"):
+        create_app(seeded.url, token=TOKEN, metrics={})  # type: ignore[arg-type]
+
+
+def test_rates_count_from_zero_after_a_counter_went_back() -> None:
+    metrics = quota.Metrics()
+    for _ in range(3):
+        metrics.record_decision(True, route="a", tier="t")
+    before = counts(metrics.snapshot())
+    fresh = quota.Metrics()
+    fresh.record_decision(False, route="a", tier="t")
+    fresh.record_shed("a")
+    out = rates(counts(fresh.snapshot()), before, 2.0)
+    assert out["decisions"][0]["decisions_per_s"] == 0.5
+    assert out["decisions"][0]["denials_per_s"] == 0.5
+    assert out["shed"] == [{"route": "a", "shed": 1, "shed_per_s": 0.5}]
