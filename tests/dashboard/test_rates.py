@@ -9,7 +9,7 @@ from starlette.testclient import TestClient
 
 import quota
 from quota.dashboard import create_app
-from quota.dashboard._rates import counts, rates
+from quota.dashboard._rates import RateTracker, counts, rates
 from tests.dashboard.conftest import BROWSER, HTML_KEY, TOKEN, Seeded
 
 BEARER = {"authorization": f"Bearer {TOKEN}"}
@@ -162,3 +162,40 @@ def test_rates_count_from_zero_after_a_counter_went_back() -> None:
     assert out["decisions"][0]["decisions_per_s"] == 0.5
     assert out["decisions"][0]["denials_per_s"] == 0.5
     assert out["shed"] == [{"route": "a", "shed": 1, "shed_per_s": 0.5}]
+
+
+def test_the_history_grows_with_polls_and_is_bounded_in_time_and_length() -> None:
+    metrics, clock = quota.Metrics(), Clock()
+    tracker = RateTracker(metrics, clock=clock)
+    assert tracker.poll()["history"] == []  # the first poll has no interval: no sample
+    for n in range(1, 4):
+        clock.now += 5.0
+        for route, allowed in (("a", True), ("b", False)):
+            for _ in range(5 * n):
+                metrics.record_decision(allowed, route=route, tier="t")
+        history = tracker.poll()["history"]
+        assert len(history) == n
+    # Summed over routes and tiers; t is seconds before the last poll, oldest first.
+    assert history == [
+        {"t": 10.0, "decisions_per_s": 2.0, "denials_per_s": 1.0},
+        {"t": 5.0, "decisions_per_s": 4.0, "denials_per_s": 2.0},
+        {"t": 0.0, "decisions_per_s": 6.0, "denials_per_s": 3.0},
+    ]
+    # A poll within MIN_INTERVAL adds no sample.
+    clock.now += 0.5
+    assert len(tracker.poll()["history"]) == 3
+
+    # Bounded in time: samples older than history_seconds go.
+    clock.now += tracker.history_seconds - 5.0
+    assert [h["t"] for h in tracker.poll()["history"]] == [595.5, 0.0]
+    clock.now += 1.0
+    assert [h["t"] for h in tracker.poll()["history"]] == [596.5, 1.0, 0.0]
+    clock.now += 601.0
+    assert [h["t"] for h in tracker.poll()["history"]] == [0.0]
+
+    # Bounded in length: the newest history_samples stay.
+    tracker.history_samples = 4
+    for _ in range(10):
+        clock.now += 1.0
+        history = tracker.poll()["history"]
+    assert [h["t"] for h in history] == [3.0, 2.0, 1.0, 0.0]
