@@ -79,12 +79,11 @@ def rates_svg(
     peak = max((max(s["decisions_per_s"], s["denials_per_s"]) for s in history), default=0.0)
     scale = peak or 1.0
 
+    def x(sample: dict[str, float]) -> str:
+        return f"{left + plot_w * (span - min(sample['t'], span)) / span:.1f}"
+
     def points(name: str) -> str:
-        return " ".join(
-            f"{left + plot_w * (span - min(s['t'], span)) / span:.1f},"
-            f"{top + plot_h * (1 - s[name] / scale):.1f}"
-            for s in history
-        )
+        return " ".join(f"{x(s)},{top + plot_h * (1 - s[name] / scale):.1f}" for s in history)
 
     minutes = f"{span / 60:g}"
     if history:
@@ -95,8 +94,8 @@ def rates_svg(
         )
         desc = f"{len(history)} samples, the largest {_figure(peak)} per second; {said}."
         base = top + plot_h
-        area = f"{left + plot_w * (span - min(history[0]['t'], span)) / span:.1f},{base} "
-        area += f"{points('decisions_per_s')} {left + plot_w:.1f},{base}"
+        # The area under the decisions, closed down to the axis below the first and last.
+        area = f"{x(history[0])},{base} {points('decisions_per_s')} {x(history[-1])},{base}"
         lines = (
             f'<polygon class="area" points="{area}"/>'
             f'<polyline class="decisions" points="{points("decisions_per_s")}"/>'

@@ -231,6 +231,10 @@ def test_the_rates_plot_has_one_point_per_sample_to_scale() -> None:
     assert _points(svg, "decisions") == [(56.0, 156.0), (342.0, 24.0), (628.0, 90.0)]
     assert _points(svg, "denials") == [(56.0, 156.0), (342.0, 123.0), (628.0, 90.0)]
     assert ">10.00/s<" in svg
+    area = re.search(r'<polygon class="area" points="([^"]*)"', svg)
+    assert (
+        area and area.group(1).split()[0] == "56.0,156" and area.group(1).split()[-1] == "628.0,156"
+    )
 
     empty = rates_svg([], span=600.0)
     ET.fromstring(empty)
