@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import quota
 from quota.admin import Admin, AsyncAdmin, PolicyRow
 from quota.dashboard import _auth
-from quota.dashboard._plots import bars_svg, usage_svg
+from quota.dashboard._plots import bars_svg, rates_svg, usage_svg
 from quota.dashboard._rates import RateTracker
 
 log = logging.getLogger("quota.dashboard")
@@ -273,7 +273,16 @@ class _Dashboard:
             "overview.html",
             data=data,
             plot=bars_svg([(u["key"], u["count"]) for u in data["top"]]),
+            rates_plot=None if self.rates is None else _rates_plot(self.rates),
         )
+
+    async def rates_plot(self, request: Request) -> Response:
+        """The overview's rates plot as of the last poll (the script redraws it from this):
+        an SVG element, or 404 without metrics. It does not poll: the figures stay those
+        of ``/api/overview``."""
+        if self.rates is None:
+            return JSONResponse({"error": "no metrics: no rates to plot"}, status_code=404)
+        return Response(_rates_plot(self.rates), media_type="image/svg+xml")
 
     async def overview_api(self, request: Request) -> Response:
         return JSONResponse(await self._overview_data())
@@ -539,6 +548,7 @@ def create_app(
         Route("/logout", g(d.logout, csrf=True), methods=["POST"], name="logout"),
         Route("/", g(d.overview), name="overview"),
         Route("/api/overview", g(d.overview_api, api=True), name="overview_api"),
+        Route("/api/overview/rates.svg", g(d.rates_plot, api=True), name="rates_plot"),
         Route("/keys", g(d.keys), name="keys"),
         Route("/keys/reset", g(d.reset_confirm), methods=["GET"], name="reset_confirm"),
         Route("/keys/reset", change(d.reset), methods=["POST"], name="reset"),
@@ -654,6 +664,10 @@ def _describe(row: PolicyRow) -> str:
     if row.exempt:
         parts.append("exempt")
     return ", ".join(parts)
+
+
+def _rates_plot(tracker: RateTracker) -> str:
+    return rates_svg(tracker.history(), span=tracker.history_seconds)
 
 
 def _utc(epoch: float | None) -> str:

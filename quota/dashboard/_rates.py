@@ -1,7 +1,8 @@
 """The overview's decision and shedding rates: per-second figures from two `quota.Metrics` snapshots.
 
-Pure arithmetic (`rates`) plus the little state one dashboard keeps between polls
-(`RateTracker`): the previous snapshot's counts and the monotonic time it was taken.
+Pure arithmetic (`rates`, `totals`) plus the little state one dashboard keeps between
+polls (`RateTracker`): the previous snapshot's counts, the monotonic time it was taken,
+and a bounded history of the totals per poll for the overview's plot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ import quota
 #: Polls closer together than this (two tabs, a reload) reuse the last figures rather
 #: than divide a handful of requests by a few milliseconds.
 MIN_INTERVAL = 1.0
+
+#: The history the overview plots: samples older than this many seconds are dropped...
+HISTORY_SECONDS = 600.0
+#: ...and never more than this many are kept (polls are at least `MIN_INTERVAL` apart,
+#: but a tab polls every 5 s: 10 minutes of one tab is 120).
+HISTORY_SAMPLES = 300
 
 #: (route, tier) -> [decisions, denials], and route -> shed requests.
 Decisions = dict[tuple[str, str], list[int]]
@@ -79,6 +86,18 @@ def rates(
     return {"interval": interval, "decisions": rows, "shed": shed_rows}
 
 
+def totals(result: dict[str, Any]) -> tuple[float, float] | None:
+    """Decisions and denials per second summed over every route and tier of a `rates`
+    result (None when it has no interval yet)."""
+    if result["interval"] is None:
+        return None
+    rows = result["decisions"]
+    return (
+        sum(row["decisions_per_s"] for row in rows),
+        sum(row["denials_per_s"] for row in rows),
+    )
+
+
 @dataclass
 class RateTracker:
     """One dashboard's view of a `quota.Metrics` between polls of ``/api/overview``."""
@@ -86,12 +105,18 @@ class RateTracker:
     metrics: quota.Metrics
     #: Monotonic seconds; tests swap it for a fake clock.
     clock: Callable[[], float] = time.monotonic
+    #: The history's bounds: its age in seconds and its length (see `HISTORY_SECONDS`).
+    history_seconds: float = HISTORY_SECONDS
+    history_samples: int = HISTORY_SAMPLES
+    #: (monotonic time, decisions/s, denials/s) per poll with an interval, oldest first.
+    _samples: list[tuple[float, float, float]] = field(default_factory=list, init=False)
     _previous: tuple[Decisions, Shed] | None = field(default=None, init=False)
     _at: float = field(default=0.0, init=False)
     _last: dict[str, Any] | None = field(default=None, init=False)
 
     def poll(self) -> dict[str, Any]:
-        """The rates since the previous poll (see `rates`); this poll becomes the previous one.
+        """The rates since the previous poll (see `rates`) and their ``history``; this poll
+        becomes the previous one.
 
         A poll less than `MIN_INTERVAL` after the previous one returns that one's figures.
         """
@@ -100,5 +125,21 @@ class RateTracker:
             return self._last
         current = counts(self.metrics.snapshot())
         result = rates(current, self._previous, now - self._at)
+        summed = totals(result)
+        if summed is not None:
+            self._samples.append((now, *summed))
+        # Drop by age, then by count: a dashboard nobody looked at for an hour starts afresh.
+        kept = [s for s in self._samples if now - s[0] <= self.history_seconds]
+        self._samples = kept[-self.history_samples :] if self.history_samples > 0 else []
+        result["history"] = self.history(now)
         self._previous, self._at, self._last = current, now, result
         return result
+
+    def history(self, now: float | None = None) -> list[dict[str, float]]:
+        """The totals per poll, oldest first: ``t`` is the seconds before `now` (default:
+        the last poll, whose sample has ``t`` 0) that the sample was taken."""
+        at = self._at if now is None else now
+        return [
+            {"t": at - when, "decisions_per_s": decided, "denials_per_s": denied}
+            for when, decided, denied in self._samples
+        ]

@@ -217,6 +217,15 @@ def test_the_overview_shows_the_rates_of_its_metrics(browser: object, seeded: Se
             )
             assert "/upload" in d.find_element(By.ID, "rates-shed").text  # type: ignore[attr-defined]
             assert "the last" in d.find_element(By.ID, "rates-interval").text  # type: ignore[attr-defined]
+            # The plot is redrawn from the server's SVG: a sample per poll with an interval.
+            points = (
+                "var p = document.querySelector('#rates-plot svg polyline.decisions');"
+                " return p && p.getAttribute('points');"
+            )
+            WebDriverWait(d, 15).until(lambda drv: drv.execute_script(points))
+            plot = d.find_element(By.CSS_SELECTOR, "#rates-plot svg")  # type: ignore[attr-defined]
+            assert plot.get_attribute("namespaceURI") == "http://www.w3.org/2000/svg"
+            assert "latest:" in plot.text and "decisions/s" in plot.text
             assert d.execute_script("return window.pwned === undefined")  # type: ignore[attr-defined]
     finally:
         app.state.dashboard.admin.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import xml.etree.ElementTree as ET
 from typing import Any
 
 import pytest
@@ -9,7 +11,8 @@ from starlette.testclient import TestClient
 
 import quota
 from quota.dashboard import create_app
-from quota.dashboard._rates import counts, rates
+from quota.dashboard._plots import rates_svg
+from quota.dashboard._rates import RateTracker, counts, rates
 from tests.dashboard.conftest import BROWSER, HTML_KEY, TOKEN, Seeded
 
 BEARER = {"authorization": f"Bearer {TOKEN}"}
@@ -162,3 +165,118 @@ def test_rates_count_from_zero_after_a_counter_went_back() -> None:
     assert out["decisions"][0]["decisions_per_s"] == 0.5
     assert out["decisions"][0]["denials_per_s"] == 0.5
     assert out["shed"] == [{"route": "a", "shed": 1, "shed_per_s": 0.5}]
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _points(svg: str, name: str) -> list[tuple[float, float]]:
+    found = re.search(rf'<polyline class="{name}" points="([^"]*)"', svg)
+    assert found, svg
+    return [(float(x), float(y)) for x, y in (p.split(",") for p in found.group(1).split())]
+
+
+def test_the_history_grows_with_polls_and_is_bounded_in_time_and_length() -> None:
+    metrics, clock = quota.Metrics(), Clock()
+    tracker = RateTracker(metrics, clock=clock)
+    assert tracker.poll()["history"] == []  # the first poll has no interval: no sample
+    for n in range(1, 4):
+        clock.now += 5.0
+        for route, allowed in (("a", True), ("b", False)):
+            for _ in range(5 * n):
+                metrics.record_decision(allowed, route=route, tier="t")
+        history = tracker.poll()["history"]
+        assert len(history) == n
+    # Summed over routes and tiers; t is seconds before the last poll, oldest first.
+    assert history == [
+        {"t": 10.0, "decisions_per_s": 2.0, "denials_per_s": 1.0},
+        {"t": 5.0, "decisions_per_s": 4.0, "denials_per_s": 2.0},
+        {"t": 0.0, "decisions_per_s": 6.0, "denials_per_s": 3.0},
+    ]
+    # A poll within MIN_INTERVAL adds no sample.
+    clock.now += 0.5
+    assert len(tracker.poll()["history"]) == 3
+
+    # Bounded in time: samples older than history_seconds go.
+    clock.now += tracker.history_seconds - 5.0
+    assert [h["t"] for h in tracker.poll()["history"]] == [595.5, 0.0]
+    clock.now += 1.0
+    assert [h["t"] for h in tracker.poll()["history"]] == [596.5, 1.0, 0.0]
+    clock.now += 601.0
+    assert [h["t"] for h in tracker.poll()["history"]] == [0.0]
+
+    # Bounded in length: the newest history_samples stay.
+    tracker.history_samples = 4
+    for _ in range(10):
+        clock.now += 1.0
+        history = tracker.poll()["history"]
+    assert [h["t"] for h in history] == [3.0, 2.0, 1.0, 0.0]
+
+
+def test_the_rates_plot_has_one_point_per_sample_to_scale() -> None:
+    history = [
+        {"t": 600.0, "decisions_per_s": 0.0, "denials_per_s": 0.0},
+        {"t": 300.0, "decisions_per_s": 10.0, "denials_per_s": 2.5},
+        {"t": 0.0, "decisions_per_s": 5.0, "denials_per_s": 5.0},
+    ]
+    svg = rates_svg(history, span=600.0, width=640, height=180)
+    root = ET.fromstring(svg)  # well-formed
+    assert root.get("role") == "img" and root.get("aria-labelledby")
+    assert "last 10 minutes" in (root.findtext(f"{SVG}title") or "")
+    desc = root.findtext(f"{SVG}desc") or ""
+    assert "latest: 5.00 decisions/s, 5.00 denials/s" in desc and "largest 10.00" in desc
+    assert "latest: 5.00 decisions/s" in "".join(root.itertext())
+    assert "style=" not in svg and "<script" not in svg
+    # Plot area: x from 56 to 628 (600 s ago to now), y from 156 (0) up to 24 (the peak).
+    assert _points(svg, "decisions") == [(56.0, 156.0), (342.0, 24.0), (628.0, 90.0)]
+    assert _points(svg, "denials") == [(56.0, 156.0), (342.0, 123.0), (628.0, 90.0)]
+    assert ">10.00/s<" in svg
+    area = re.search(r'<polygon class="area" points="([^"]*)"', svg)
+    assert (
+        area and area.group(1).split()[0] == "56.0,156" and area.group(1).split()[-1] == "628.0,156"
+    )
+
+    empty = rates_svg([], span=600.0)
+    ET.fromstring(empty)
+    assert "<polyline" not in empty and "no sample yet" in empty
+
+
+def test_the_overview_carries_and_plots_the_history(seeded: Seeded) -> None:
+    metrics, clock = quota.Metrics(), Clock()
+    app = _app(seeded.url, clock, metrics=metrics)
+    try:
+        with TestClient(app) as client:
+            assert client.get("/api/overview", headers=BEARER).json()["rates"]["history"] == []
+            svg = client.get("/api/overview/rates.svg", headers=BEARER)
+            assert svg.headers["content-type"].startswith("image/svg+xml")
+            assert "no sample yet" in svg.text
+            for n in (4, 8):
+                clock.now += 2.0
+                for _ in range(n):
+                    metrics.record_decision(False, route=USERS, tier=ATTR)
+                body = client.get("/api/overview", headers=BEARER).json()
+            assert body["rates"]["history"] == [
+                {"t": 2.0, "decisions_per_s": 2.0, "denials_per_s": 2.0},
+                {"t": 0.0, "decisions_per_s": 4.0, "denials_per_s": 4.0},
+            ]
+            # The plot endpoint shows the last poll's figures and does not poll itself.
+            clock.now += 3.0
+            svg = client.get("/api/overview/rates.svg", headers=BEARER).text
+            assert len(_points(svg, "decisions")) == 2 and "latest: 4.00 decisions/s" in svg
+            assert client.get("/api/overview/rates.svg").status_code == 401
+
+            html = client.get("/", headers={**BEARER, **BROWSER}).text
+            plot = re.search(r'<div id="rates-plot">(.*?)</div>', html, re.S)
+            assert plot, html
+            assert len(_points(plot.group(1), "decisions")) == 3
+            ET.fromstring(plot.group(1))
+            assert "<img" not in html
+    finally:
+        app.state.dashboard.admin.close()
+    bare = create_app(seeded.url, token=TOKEN)
+    try:
+        with TestClient(bare) as client:
+            assert client.get("/api/overview/rates.svg", headers=BEARER).status_code == 404
+            assert 'id="rates-plot"' not in client.get("/", headers={**BEARER, **BROWSER}).text
+    finally:
+        bare.state.dashboard.admin.close()

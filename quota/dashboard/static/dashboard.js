@@ -1,6 +1,8 @@
 // The overview updates itself: every 5 s it reads <base>/api/overview (same origin,
 // the session cookie) and rewrites the health cells, the decision rates and the busiest
-// keys, as text only.
+// keys, as text only; the rates plot it replaces with the SVG the server renders
+// (<base>/api/overview/rates.svg), parsed as XML and imported: no markup is ever
+// assigned to innerHTML, and the CSP (script-src 'self') runs no script in it anyway.
 (function () {
   "use strict";
   var base = document.body.getAttribute("data-base") || "";
@@ -43,6 +45,23 @@
       ? "the next update (the first poll has no interval)"
       : "the last " + r.interval.toFixed(1) + " s");
   }
+  function redrawPlot() {
+    var box = document.getElementById("rates-plot");
+    if (!box) { return; }
+    fetch(base + "/api/overview/rates.svg", { credentials: "same-origin" })
+      .then(function (r) { if (!r.ok) { throw new Error(r.status); } return r.text(); })
+      .then(function (svg) {
+        var doc = new DOMParser().parseFromString(svg, "image/svg+xml");
+        var root = doc.documentElement;
+        if (root.namespaceURI !== "http://www.w3.org/2000/svg" || root.localName !== "svg"
+            || doc.getElementsByTagName("parsererror").length) {
+          throw new Error("not an SVG");
+        }
+        while (box.firstChild) { box.removeChild(box.firstChild); }
+        box.appendChild(document.importNode(root, true));
+      })
+      .catch(function (e) { text("updated", "plot update failed (" + e.message + ")"); });
+  }
   function render(data) {
     var h = data.health;
     var state = !h.up ? "down: the memory fallback decides"
@@ -51,6 +70,7 @@
     document.getElementById("h-state").className = (h.up && h.reachable !== false) ? "ok" : "bad";
     text("h-probe", h.latency !== null ? (h.latency * 1000).toFixed(1) + " ms" : (h.probe_error || "-"));
     renderRates(data.rates);
+    if (data.rates) { redrawPlot(); }
     var body = document.querySelector("#top tbody");
     if (!body) { return; }
     while (body.firstChild) { body.removeChild(body.firstChild); }
