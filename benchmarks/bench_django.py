@@ -3,6 +3,7 @@
     pip install -e '.[bench]'
     python benchmarks/bench_django.py                                   # no PostgreSQL rows
     python benchmarks/bench_django.py --url postgresql://user@127.0.0.1/db --json bench-django.json
+    python benchmarks/bench_django.py --drf --url postgresql://user@127.0.0.1/db   # DRF throttles
 
 One invocation measures, side by side, the same ``GET /`` view (a plain
 ``HttpResponse``) served by gunicorn (``--workers`` sync workers, the same
@@ -22,7 +23,25 @@ for every setup, on a free port of 127.0.0.1) in these setups:
 Every limited view allows every request (10^9 an hour) and counts the same
 keys: wrk spreads ``--connections`` keep-alive connections' requests over
 ``--keys`` API keys (the ``X-API-Key`` header, ``key="header:x-api-key"``
-for the decorators), so each limiter updates that many counters. Each of
+for the decorators), so each limiter updates that many counters.
+
+``--drf`` measures Django REST framework's throttles instead, on a trivial
+``APIView`` (``GET /`` answering ``Response({"ok": True})``, JSON renderer
+only, no authentication classes, ``NUM_PROXIES = 1``):
+
+- no throttle: the baseline;
+- DRF's ``AnonRateThrottle`` on Django's ``LocMemCache`` (DRF's default
+  cache when ``CACHES`` is not set: one history per worker process);
+- DRF's ``AnonRateThrottle`` on Django's ``RedisCache`` (``--redis``, shared
+  by the workers; its database is flushed before each of its runs, so every
+  run starts with empty histories);
+- ``quota.contrib.drf.AnonRateThrottle`` on SQLite, a temporary file;
+- ``quota.contrib.drf.AnonRateThrottle`` on PostgreSQL (as above).
+
+The ``anon`` rate is 10^9 an hour, so nothing is throttled and each request
+pays for one decision; wrk sends each request from one of ``--keys``
+client addresses (``X-Forwarded-For``, which ``get_ident`` reads), so each
+throttle keeps that many histories or counters. Each of
 ``--runs`` runs starts every setup's server in turn, in alternating order
 (forwards, then backwards), and drives it for ``--duration`` seconds. The
 table gives, per setup, the median rate, the median of the per-run ratios
@@ -68,6 +87,15 @@ ROOT = HERE.parent
 HOST = "127.0.0.1"
 SECRET = "bench-hash-secret-0123456789"
 RATE = "1000000000/h"
+# --drf: DRF's throttles key anonymous requests by client address (get_ident).
+WRK_SCRIPT_DRF = """
+math.randomseed(%d)
+request = function()
+  local n = math.random(1, %d)
+  local xff = "10." .. math.floor(n / 65536) .. "." .. math.floor(n / 256) %% 256 .. "." .. n %% 256
+  return wrk.format("GET", "/", {["x-forwarded-for"] = xff})
+end
+"""
 
 
 # -- the Django project (when imported by gunicorn or manage.py) ------------------------------
@@ -97,7 +125,36 @@ if SETUP is not None:
         DATABASES = {
             "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": _database or ":memory:"}
         }
-    if SETUP.startswith("quota"):
+    if SETUP.startswith("drf"):
+        INSTALLED_APPS = ["rest_framework"]
+        _throttles = {
+            "drf-locmem": "rest_framework.throttling.AnonRateThrottle",
+            "drf-redis": "rest_framework.throttling.AnonRateThrottle",
+            "drf-quota-sqlite": "quota.contrib.drf.AnonRateThrottle",
+            "drf-quota-postgresql": "quota.contrib.drf.AnonRateThrottle",
+        }
+        REST_FRAMEWORK = {
+            # No django.contrib.auth: no authentication, request.user is None (anonymous).
+            "DEFAULT_AUTHENTICATION_CLASSES": [],
+            "UNAUTHENTICATED_USER": None,
+            "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+            "NUM_PROXIES": 1,
+            "DEFAULT_THROTTLE_CLASSES": [_throttles[SETUP]] if SETUP in _throttles else [],
+            "DEFAULT_THROTTLE_RATES": {"anon": RATE},
+        }
+        if SETUP.startswith("drf-quota"):
+            INSTALLED_APPS.append("quota.contrib.django")
+            QUOTA = {"OPTIONS": {"pool_size": 2}}
+        elif SETUP == "drf-locmem":
+            CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+        elif SETUP == "drf-redis":
+            CACHES = {
+                "default": {
+                    "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                    "LOCATION": os.environ["BENCH_REDIS"],
+                }
+            }
+    elif SETUP.startswith("quota"):
         INSTALLED_APPS = ["quota.contrib.django"]
         QUOTA = {
             "OPTIONS": {"pool_size": 2},
@@ -118,6 +175,16 @@ if SETUP is not None:
 
 def _view() -> Any:
     from django.http import HttpResponse
+
+    if SETUP is not None and SETUP.startswith("drf"):
+        from rest_framework.response import Response
+        from rest_framework.views import APIView
+
+        class Hello(APIView):
+            def get(self, request: Any) -> Any:
+                return Response({"ok": True})
+
+        return Hello.as_view()
 
     def view(request: Any) -> Any:
         return HttpResponse(b"ok", content_type="text/plain")
@@ -248,9 +315,11 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def run_wrk(port: int, connections: int, duration: int, keys: int, seed: int) -> dict[str, Any]:
+def run_wrk(
+    port: int, connections: int, duration: int, keys: int, seed: int, template: str = WRK_SCRIPT
+) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT % (seed, keys))
+        script.write(template % (seed, keys))
     try:
         done = subprocess.run(
             ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", script.name,
@@ -303,9 +372,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE as JSON")
+    parser.add_argument(
+        "--drf", action="store_true", help="DRF's throttles on an APIView instead of the limiters"
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.runs <= 50 or not 1 <= args.duration <= 60 or not 1 <= args.workers <= 16:
         parser.error("runs must be 1..50, duration 1..60 s, workers 1..16")
+    if args.drf and not 1 <= args.keys <= 65536:
+        parser.error("--drf takes 1..65536 keys (client addresses)")
     if shutil.which("wrk") is None:
         parser.error("wrk is not installed")
     scheme = urllib.parse.urlsplit(args.url).scheme if args.url else None
@@ -315,31 +389,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="quota-bench-django-"))
     sqlite = str(tmp / "bench.sqlite3")
     pg_database: str | None = None
-    setups = [
-        Setup("bare", "no limiter (baseline)"),
-        Setup("ratelimit-locmem", "django-ratelimit, locmem cache"),
-        Setup("ratelimit-redis", "django-ratelimit, Redis cache", {"BENCH_REDIS": args.redis}),
-        Setup("quota-decorator-sqlite", "quota @ratelimit, SQLite", {"BENCH_DATABASE": sqlite}),
-        Setup("quota-middleware-sqlite", "quota middleware, SQLite", {"BENCH_DATABASE": sqlite}),
-        Setup("quota-decorator-postgresql", "quota @ratelimit, PostgreSQL"),
-        Setup("quota-middleware-postgresql", "quota middleware, PostgreSQL"),
-    ]
-    by_name = {s.name: s for s in setups}
-    by_name["ratelimit-redis"].skipped = _redis_ok(args.redis)
+    redis = {"BENCH_REDIS": args.redis}
+    on_sqlite = {"BENCH_DATABASE": sqlite}
+    if args.drf:
+        setups = [
+            Setup("drf-bare", "no throttle (baseline)"),
+            Setup("drf-locmem", "DRF AnonRateThrottle, locmem"),
+            Setup("drf-redis", "DRF AnonRateThrottle, Redis cache", dict(redis)),
+            Setup("drf-quota-sqlite", "quota AnonRateThrottle, SQLite", dict(on_sqlite)),
+            Setup("drf-quota-postgresql", "quota AnonRateThrottle, PostgreSQL"),
+        ]
+    else:
+        setups = [
+            Setup("bare", "no limiter (baseline)"),
+            Setup("ratelimit-locmem", "django-ratelimit, locmem cache"),
+            Setup("ratelimit-redis", "django-ratelimit, Redis cache", dict(redis)),
+            Setup("quota-decorator-sqlite", "quota @ratelimit, SQLite", dict(on_sqlite)),
+            Setup("quota-middleware-sqlite", "quota middleware, SQLite", dict(on_sqlite)),
+            Setup("quota-decorator-postgresql", "quota @ratelimit, PostgreSQL"),
+            Setup("quota-middleware-postgresql", "quota middleware, PostgreSQL"),
+        ]
+    baseline = setups[0]
+    on_redis = [s for s in setups if "BENCH_REDIS" in s.env]
+    sqlite_setups = [s for s in setups if s.name.endswith("-sqlite")]
+    pg_setups = [s for s in setups if s.name.endswith("-postgresql")]
+    redis_down = _redis_ok(args.redis)
+    for setup in on_redis:
+        setup.skipped = redis_down
     load_before = os.getloadavg()[0]
     try:
-        migrate(by_name["quota-decorator-sqlite"])
+        migrate(sqlite_setups[0])
         if args.url is None:
-            for name in ("quota-decorator-postgresql", "quota-middleware-postgresql"):
-                by_name[name].skipped = "no --url postgresql://… given"
+            for setup in pg_setups:
+                setup.skipped = "no --url postgresql://… given"
         else:
             name = f"quota_bench_django_{uuid.uuid4().hex[:12]}"
             _admin(args.url, f'CREATE DATABASE "{name}"')
             pg_database = name
             pg = urllib.parse.urlsplit(args.url)._replace(path="/" + name).geturl()
-            for setup_name in ("quota-decorator-postgresql", "quota-middleware-postgresql"):
-                by_name[setup_name].env["BENCH_DATABASE"] = pg
-            migrate(by_name["quota-decorator-postgresql"])
+            for setup in pg_setups:
+                setup.env["BENCH_DATABASE"] = pg
+            migrate(pg_setups[0])
         for setup in setups:
             if setup.skipped:
                 print(f"skipping {setup.label}: {setup.skipped}", file=sys.stderr)
@@ -347,13 +437,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         log = tmp / "servers.log"
         for run in range(args.runs):
             for setup in measured if run % 2 == 0 else measured[::-1]:
+                if args.drf and setup in on_redis:
+                    # DRF's history per key grows with every allowed request: start each run empty.
+                    _redis_ok(args.redis)
                 with serve(setup, args.workers, log) as (port, proc):
                     before = group_cpu_seconds(proc.pid)
-                    result = run_wrk(port, args.connections, args.duration, args.keys, run)
+                    result = run_wrk(port, args.connections, args.duration, args.keys, run,
+                                     WRK_SCRIPT_DRF if args.drf else WRK_SCRIPT)  # fmt: skip
                     used = group_cpu_seconds(proc.pid) - before
                 result["cpu_us"] = used / (result["rate"] * args.duration) * 1e6
                 setup.runs.append(result)
-            bare = by_name["bare"].runs[-1]["rate"]
+            bare = baseline.runs[-1]["rate"]
             for setup in measured:
                 setup.runs[-1]["ratio"] = setup.runs[-1]["rate"] / bare  # type: ignore[operator]
             print(f"run {run + 1}/{args.runs}: "
@@ -362,7 +456,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if pg_database is not None and args.url is not None:
             _admin(args.url, f'DROP DATABASE IF EXISTS "{pg_database}" WITH (FORCE)')
-        if not by_name["ratelimit-redis"].skipped:
+        if on_redis and not redis_down:
             _redis_ok(args.redis)  # flushes the benchmark's database again
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -388,6 +482,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/bench_django.py",
                              *[_safe(a) for a in (sys.argv[1:] if argv is None else argv)]]),
+        "scenario": "drf" if args.drf else "django",
         "workers": args.workers,
         "connections": args.connections,
         "keys": args.keys,
@@ -414,14 +509,14 @@ def _table(report: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f" {report['cpus']} CPUs, load average {report['load_average'][0]} ->"
         f" {report['load_average'][1]}",
         "",
-        f"{'setup':<32} {'req/s':>7} {'x bare':>7} {'p50 ms':>7} {'p99 ms':>7} {'CPU us/req':>11}",
+        f"{'setup':<36} {'req/s':>7} {'x bare':>7} {'p50 ms':>7} {'p99 ms':>7} {'CPU us/req':>11}",
     ]
     for row in rows:
         if "skipped" in row:
-            lines.append(f"{row['label']:<32} skipped: {row['skipped']}")
+            lines.append(f"{row['label']:<36} skipped: {row['skipped']}")
             continue
         lines.append(
-            f"{row['label']:<32} {row['median_per_s']:>7} {row['ratio_median']:>7.2f}"
+            f"{row['label']:<36} {row['median_per_s']:>7} {row['ratio_median']:>7.2f}"
             f" {_fmt(row['p50_ms_median']):>7} {_fmt(row['p99_ms_median']):>7}"
             f" {row['server_cpu_us_per_request_median']:>11}"
         )
