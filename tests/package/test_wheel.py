@@ -122,6 +122,13 @@ def test_the_wheel_carries_every_layer_and_no_benchmark_code(wheel: Path) -> Non
     # The Django app with its migrations and management commands (found by Django on disk).
     for name in ("migrations/0001_initial.py", "management/commands/quota_cleanup.py"):
         assert f"quota/contrib/django/{name}" in names, name
+    # The Django admin's templates, every one the repository has.
+    django_app = here.parent / "contrib" / "django"
+    pages = sorted(
+        p.relative_to(here.parent.parent).as_posix()
+        for p in django_app.glob("templates/admin/quota/*")
+    )
+    assert pages and not set(pages) - set(names), set(pages) - set(names)
     # The batching report (benchmarks/report.py) and its plots stay in the repository.
     assert not [n for n in names if "_bench_report" in n or n.rsplit("/", 1)[-1] == "report.py"]
     plotting = []

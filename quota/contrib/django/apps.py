@@ -10,12 +10,15 @@ from django.apps import AppConfig
 class QuotaConfig(AppConfig):  # type: ignore[misc]
     """quota's tables (through its migrations), its commands and its decorator.
 
-    The app has no models: quota's tables are created by its own schema
-    revisions, which the app's migrations apply.
+    quota's tables are created by its own schema revisions, which the app's
+    migrations apply; the app's models are table-less entries for the Django
+    admin (`quota.contrib.django.admin`).
     """
 
     name = "quota.contrib.django"
     label = "quota"
+    # The admin's models' keys, whatever the project's DEFAULT_AUTO_FIELD (migration 0005).
+    default_auto_field = "django.db.models.BigAutoField"
     verbose_name = "quota rate limits"
 
     def ready(self) -> None:

@@ -65,9 +65,25 @@ if POSTGRES_URL is not None:
     DATABASES["pgscratch"] = _postgres(POSTGRES_URL, "scratch")
 
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.contenttypes",
     "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
     "quota.contrib.django",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
 ]
 MIDDLEWARE = [
     "tests.contrib.django.views.FakeAuthMiddleware",

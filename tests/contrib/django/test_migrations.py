@@ -176,11 +176,14 @@ def _migration_modules() -> list[Any]:
 
 
 def test_the_last_migration_brings_quota_to_its_head() -> None:
-    """A quota schema revision without a Django migration fails here."""
+    """A quota schema revision without a Django migration fails here (a migration of the
+    admin's table-less models runs no quota revision)."""
     targets = []
     previous = None
     for module in _migration_modules():
         operations = [op for op in module.Migration.operations if isinstance(op, QuotaSchema)]
+        if not operations:
+            continue
         assert len(operations) == 1, module.__name__
         assert operations[0].previous == previous, module.__name__
         previous = operations[0].target
