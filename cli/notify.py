@@ -66,12 +66,17 @@ def notify(
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     logger = logging.getLogger("quota.notify")
     logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
+    # setLevel, not an assignment: it clears the logger's cache of levels already asked for.
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    # A logging configuration loaded before (disable_existing_loggers) may have turned it off.
+    disabled, logger.disabled = logger.disabled, False
     try:
         _notify_with(ctx, echo, webhook, secret, once, lease, timeout, max_backoff, batch, as_json)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.disabled = disabled
 
 
 def _notify_with(
