@@ -8,6 +8,8 @@ when this file is collected. The settings are `tests.contrib.django.settings`.
 from __future__ import annotations
 
 import itertools
+import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +49,13 @@ def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> It
                 call_command("migrate", "quota", database="pg", verbosity=0)
     yield
     conf.reset()
+    for connection, _old_name, destroy in databases:
+        path = str(connection.settings_dict["NAME"])
+        if destroy and connection.vendor == "sqlite" and not os.path.exists(path):
+            # Gone before the end of the session: say so, and let the PostgreSQL test
+            # databases be dropped all the same (Django's teardown stops at the first error).
+            warnings.warn(f"SQLite test database {path} deleted before teardown", stacklevel=1)
+            open(path, "a").close()
     with django_db_blocker.unblock():
         teardown_databases(databases, verbosity=0)
 
