@@ -531,15 +531,16 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         if self._telemetry is not None:
             self._telemetry.decided(decision.allowed, "quota")
         if decision.fired:
-            self._events = True
-            if self._on_threshold is not None:
-                await self._tell_fired(decision.fired)
+            await self._tell_fired(decision.fired)
         return decision
 
     async def _tell_fired(self, events: Sequence[_types.ThresholdEvent]) -> None:
-        """Hand each event to ``on_threshold``, after the commit; whatever it raises is
-        logged, never raised into the caller (the outbox keeps the event anyway)."""
-        assert self._on_threshold is not None
+        """After a commit that fired `events`: the outbox is known to be there, and
+        ``on_threshold`` (if any) gets each event; whatever it raises is logged, never
+        raised into the caller (the outbox keeps the event anyway)."""
+        self._events = True
+        if self._on_threshold is None:
+            return
         for event in events:
             try:
                 await async_threshold(self._on_threshold, event)
@@ -651,9 +652,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
         make = functools.partial(_quotas.settle, reservation_id, actual, self._clock())
         decision = await arun(self.store, make(), again=make)
         if decision.fired:
-            self._events = True
-            if self._on_threshold is not None:
-                await self._tell_fired(decision.fired)
+            await self._tell_fired(decision.fired)
         return decision
 
     async def release_quota(self, reservation_id: str) -> _types.QuotaDecision:
@@ -796,9 +795,7 @@ class AsyncLimiter(LimiterBase[AsyncStore]):
             for event in decision.fired
         ]
         if fired:
-            self._events = True
-            if self._on_threshold is not None:
-                await self._tell_fired(fired)
+            await self._tell_fired(fired)
         return result
 
     async def run(self, op: Op[T], *, transaction: bool = False, strict: bool = False) -> T:

@@ -794,10 +794,8 @@ class _Held:
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> _Held:
-        id_, subject, name, start, end, period, tz, limit, amount, key, _, expires, state, out = (
-            row[:14]
-        )
-        stored = row[14] if len(row) > 14 else None
+        id_, subject, name, start, end, period, tz, limit, amount, key, _, expires, state = row[:13]
+        out, stored = row[13], row[14]
         return cls(
             str(id_), str(subject), str(name), int(start), int(end), str(period), tz, int(limit),
             int(amount), key, float(expires), str(state), out,

@@ -527,15 +527,16 @@ class Limiter(LimiterBase[SyncStore]):
         if self._telemetry is not None:
             self._telemetry.decided(decision.allowed, "quota")
         if decision.fired:
-            self._events = True
-            if self._on_threshold is not None:
-                self._tell_fired(decision.fired)
+            self._tell_fired(decision.fired)
         return decision
 
     def _tell_fired(self, events: Sequence[_types.ThresholdEvent]) -> None:
-        """Hand each event to ``on_threshold``, after the commit; whatever it raises is
-        logged, never raised into the caller (the outbox keeps the event anyway)."""
-        assert self._on_threshold is not None
+        """After a commit that fired `events`: the outbox is known to be there, and
+        ``on_threshold`` (if any) gets each event; whatever it raises is logged, never
+        raised into the caller (the outbox keeps the event anyway)."""
+        self._events = True
+        if self._on_threshold is None:
+            return
         for event in events:
             try:
                 sync_threshold(self._on_threshold, event)
@@ -645,9 +646,7 @@ class Limiter(LimiterBase[SyncStore]):
         make = functools.partial(_quotas.settle, reservation_id, actual, self._clock())
         decision = run(self.store, make(), again=make)
         if decision.fired:
-            self._events = True
-            if self._on_threshold is not None:
-                self._tell_fired(decision.fired)
+            self._tell_fired(decision.fired)
         return decision
 
     def release_quota(self, reservation_id: str) -> _types.QuotaDecision:
@@ -786,9 +785,7 @@ class Limiter(LimiterBase[SyncStore]):
             for event in decision.fired
         ]
         if fired:
-            self._events = True
-            if self._on_threshold is not None:
-                self._tell_fired(fired)
+            self._tell_fired(fired)
         return result
 
     def run(self, op: Op[T], *, transaction: bool = False, strict: bool = False) -> T:
