@@ -42,8 +42,6 @@ import importlib.metadata
 import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -53,6 +51,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import _sdist
 from tests._limits_suite_plugin import EXCLUDED, URL_ENV
 
 LIMITS_VERSION = importlib.metadata.version("limits")
@@ -97,69 +96,23 @@ SHARD_TIMEOUT = 120
 # -- the sdist ------------------------------------------------------------------------
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{reason} (and {REQUIRE_ENV}=1)", pytrace=False)
-    pytest.skip(reason)
-
-
-def _download(into: Path) -> Path:
-    """limits' sdist, from ``$QUOTA_LIMITS_SDIST`` or PyPI (skips, or fails, without it)."""
-    given = os.environ.get(SDIST_ENV)
-    if given:
-        if not Path(given).is_file():
-            pytest.fail(f"${SDIST_ENV}={given!r} is not a file", pytrace=False)
-        return Path(given)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-    command += ["--disable-pip-version-check", "-q", f"limits=={LIMITS_VERSION}", "-d", str(into)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        _unavailable(f"limits {LIMITS_VERSION}'s sdist: pip download timed out (no network?)")
-        raise  # not reached
-    sdists = sorted(into.glob(f"limits-{LIMITS_VERSION}.tar.gz"))
-    if done.returncode != 0 or not sdists:
-        tail = " ".join((done.stderr or done.stdout).split()[-40:])
-        _unavailable(
-            f"could not fetch limits {LIMITS_VERSION}'s sdist (its test suite) with pip"
-            f" (needs PyPI, or ${SDIST_ENV}=path/to/limits-{LIMITS_VERSION}.tar.gz): {tail}"
-        )
-    return sdists[0]
-
-
-def _extract_tests(sdist: Path, into: Path) -> None:
-    """The sdist's ``tests/`` (plain files and directories only) into `into`."""
-    prefix = f"limits-{LIMITS_VERSION}/tests/"
-    with tarfile.open(sdist) as tar:
-        members = [
-            m
-            for m in tar.getmembers()
-            if m.name.startswith(prefix) and ".." not in m.name and (m.isfile() or m.isdir())
-        ]
-        if not members:
-            pytest.fail(f"{sdist} holds no {prefix}", pytrace=False)
-        for member in members:
-            member.name = member.name[len(f"limits-{LIMITS_VERSION}/") :]
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(into, members=members, filter="data")
-        else:  # Python < 3.10.12 / 3.11.4: the members are already plain files
-            tar.extractall(into, members=members)
+def _fill(into: Path) -> None:
+    """limits' sdist's ``tests/`` into `into`."""
+    top = f"limits-{LIMITS_VERSION}/"
+    sdist = _sdist.download(
+        "limits", LIMITS_VERSION, into, sdist_env=SDIST_ENV, require_env=REQUIRE_ENV
+    )
+    if not _sdist.extract(sdist, into, top, lambda name: name.startswith(top + "tests/")):
+        pytest.fail(f"{sdist} holds no {top}tests/", pytrace=False)
 
 
 @pytest.fixture(scope="module")
 def limits_tests(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding limits' ``tests/`` for the installed version, cached across runs."""
-    cache = getattr(request.config, "cache", None)
-    base = cache.mkdir("limits-sdist") if cache is not None else tmp_path_factory.mktemp("sdist")
-    root = base / f"limits-{LIMITS_VERSION}"
-    if not (root / "tests").is_dir():
-        staging = Path(tempfile.mkdtemp(dir=base, prefix=".staging-"))
-        _extract_tests(_download(staging), staging)
-        try:
-            staging.replace(root)
-        except OSError:  # another run got there first
-            if not (root / "tests").is_dir():
-                raise
+    root = _sdist.cached(
+        request, tmp_path_factory, f"limits-{LIMITS_VERSION}",
+        lambda root: (root / "tests").is_dir(), _fill,
+    )  # fmt: skip
     needed = {"tests/utils.py", *(target.split("::")[0] for t in SHARDS.values() for target in t)}
     missing = sorted(path for path in needed if not (root / path).is_file())
     if missing:

@@ -25,14 +25,13 @@ import importlib.metadata
 import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests import _sdist
 from tests.contrib.drf._drf_suite_plugin import URL_ENV, XFAIL
 
 pytestmark = pytest.mark.slow
@@ -52,67 +51,24 @@ filterwarnings =
 """
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{reason} (and {REQUIRE_ENV}=1)", pytrace=False)
-    pytest.skip(reason)
-
-
-def _download(into: Path) -> Path:
-    given = os.environ.get(SDIST_ENV)
-    if given:
-        if not Path(given).is_file():
-            pytest.fail(f"${SDIST_ENV}={given!r} is not a file", pytrace=False)
-        return Path(given)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-    command += ["--disable-pip-version-check", "-q", f"djangorestframework=={DRF_VERSION}"]
-    command += ["-d", str(into)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        _unavailable(f"DRF {DRF_VERSION}'s sdist: pip download timed out (no network?)")
-        raise  # not reached
-    sdists = sorted(into.glob(f"djangorestframework-{DRF_VERSION}.tar.gz"))
-    if done.returncode != 0 or not sdists:
-        tail = " ".join((done.stderr or done.stdout).split()[-40:])
-        _unavailable(
-            f"could not fetch DRF {DRF_VERSION}'s sdist (its test suite) with pip (needs"
-            f" PyPI, or ${SDIST_ENV}=path/to/djangorestframework-{DRF_VERSION}.tar.gz): {tail}"
-        )
-    return sdists[0]
-
-
-def _extract(sdist: Path, into: Path) -> None:
+def _fill(into: Path) -> None:
     """The sdist's ``tests/__init__.py`` and `TARGET` into `into`."""
     top = f"djangorestframework-{DRF_VERSION}/"
     wanted = {top + "tests/__init__.py", top + TARGET}
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers() if m.name in wanted and m.isfile()]
-        if len(members) != len(wanted):
-            pytest.fail(f"{sdist} lacks {sorted(wanted)}", pytrace=False)
-        for member in members:
-            member.name = member.name[len(top) :]
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(into, members=members, filter="data")
-        else:  # Python < 3.10.12 / 3.11.4: the members are already plain files
-            tar.extractall(into, members=members)
+    sdist = _sdist.download(
+        "djangorestframework", DRF_VERSION, into, sdist_env=SDIST_ENV, require_env=REQUIRE_ENV
+    )
+    if _sdist.extract(sdist, into, top, wanted.__contains__) != len(wanted):
+        pytest.fail(f"{sdist} lacks {sorted(wanted)}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
 def drf_tests(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding DRF's throttling tests for the installed version, cached across runs."""
-    cache = getattr(request.config, "cache", None)
-    base = cache.mkdir("drf-sdist") if cache is not None else tmp_path_factory.mktemp("sdist")
-    root = base / f"djangorestframework-{DRF_VERSION}"
-    if not (root / TARGET).is_file():
-        staging = Path(tempfile.mkdtemp(dir=base, prefix=".staging-"))
-        _extract(_download(staging), staging)
-        try:
-            staging.replace(root)
-        except OSError:  # another run got there first
-            if not (root / TARGET).is_file():
-                raise
-    return root
+    return _sdist.cached(
+        request, tmp_path_factory, f"djangorestframework-{DRF_VERSION}",
+        lambda root: (root / TARGET).is_file(), _fill,
+    )  # fmt: skip
 
 
 def _run(root: Path, url: str, tmp_path: Path) -> tuple[dict[str, str], str]:
